@@ -1,0 +1,431 @@
+"""Typed config schema: values live in ``conf/*.yaml``, rules live here.
+
+Every dataclass checks its own fields in ``__post_init__`` and raises ``ConfigError`` naming the key, the
+value and the fix; ``Config.__post_init__`` checks rules that span groups. ``OmegaConf.to_object`` runs these
+checks, so a bad value stops ``python -m hpc_train`` before anything is launched.
+
+Groups whose options have different fields (``model``, ``optim``) get one schema per option, chosen by the
+option's ``name`` (see ``MODEL_SCHEMAS`` / ``OPTIM_SCHEMAS``); ``config_from_dict`` uses the same tables to
+rebuild a typed config from the ``config.yaml`` saved in a run directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from hpc_train.errors import ConfigError
+
+__all__ = [
+    "MODEL_SCHEMAS",
+    "OPTIM_SCHEMAS",
+    "AdamWConfig",
+    "CNNConfig",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "MLPConfig",
+    "SGDConfig",
+    "TrainerConfig",
+    "config_from_dict",
+    "load_config",
+    "register_configs",
+]
+
+
+class _Checked:
+    """Mixin: ``self._require(ok, field, rule, hint)`` raises a ConfigError naming ``<group>.<field>``."""
+
+    _group: ClassVar[str]
+
+    def _require(self, ok: bool, key: str, rule: str, hint: str) -> None:
+        if not ok:
+            value = getattr(self, key)
+            raise ConfigError(f"{self._group}.{key}={value!r} is invalid: {rule}. HINT: {hint}")
+
+    def _one_of(self, key: str, choices: tuple[str, ...]) -> None:
+        value = getattr(self, key)
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self._require(
+            value in choices,
+            key,
+            f"must be one of {', '.join(choices)}",
+            f"{hint}e.g. {self._group}.{key}={choices[0]}",
+        )
+
+
+LAUNCHERS = ("local", "debug")
+
+
+@dataclass
+class ClusterConfig(_Checked):
+    """Where and how wide the job runs."""
+
+    _group: ClassVar[str] = "cluster"
+
+    launcher: str = "local"
+    """local: processes on this machine via submitit's LocalExecutor; debug: in this process (pdb works)."""
+    nodes: int = 1
+    """Number of nodes."""
+    tasks_per_node: int = 2
+    """Processes (ranks) per node."""
+    gpus_per_node: int = 0
+    """GPUs per node; 0 runs on CPU with gloo."""
+    cpus_per_task: int = 1
+    """CPU cores per rank; also the number of torch threads each rank uses."""
+    timeout_min: float = 60.0
+    """Wall-clock limit of the job; the launcher ends it after this."""
+    failure_grace_s: float = 15.0
+    """After one rank fails, how long the others get to exit on their own before they are killed."""
+
+    def __post_init__(self) -> None:
+        self._one_of("launcher", LAUNCHERS)
+        for key in ("nodes", "tasks_per_node", "cpus_per_task"):
+            self._require(getattr(self, key) >= 1, key, "must be at least 1", f"set cluster.{key}=1 or more")
+        self._require(
+            self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more", "set cluster.gpus_per_node=0 for CPU"
+        )
+        self._require(self.timeout_min > 0, "timeout_min", "must be positive", "e.g. cluster.timeout_min=60")
+        self._require(
+            self.failure_grace_s >= 0, "failure_grace_s", "must be 0 or more", "e.g. cluster.failure_grace_s=15"
+        )
+        if self.launcher in ("local", "debug"):
+            self._require(
+                self.nodes == 1,
+                "nodes",
+                f"the {self.launcher} launcher runs on this machine only",
+                "set cluster.nodes=1 (multi-node runs need a Slurm launcher)",
+            )
+        if self.launcher == "debug":
+            self._require(
+                self.tasks_per_node == 1,
+                "tasks_per_node",
+                "the debug launcher runs one process, in the foreground, for pdb",
+                "set cluster.tasks_per_node=1, or use cluster=local for several ranks",
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+@dataclass
+class DataConfig(_Checked):
+    """A synthetic classification set: inputs from N(0, 1), labels from a fixed random linear teacher."""
+
+    _group: ClassVar[str] = "data"
+
+    name: str = "synthetic"
+    """Data set kind; only ``synthetic`` is built in."""
+    num_samples: int = 8192
+    """Samples in train + validation together."""
+    input_shape: list[int] = field(default_factory=lambda: [784])
+    """Shape of one input, e.g. [784] or [3, 32, 32]."""
+    num_classes: int = 10
+    """Number of classes."""
+    seed: int = 0
+    """Seed of the data itself (inputs, teacher, split), independent of the trainer's seed."""
+    val_fraction: float = 0.1
+    """Share of samples held out for validation."""
+    label_noise: float = 0.1
+    """Std of the noise added to the teacher's logits: makes the task not perfectly separable."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0 loads in the training process)."""
+    drop_last: bool = True
+    """Drop each rank's last incomplete batch, so every optimizer step sees a full global batch."""
+
+    def __post_init__(self) -> None:
+        self._one_of("name", ("synthetic",))
+        self._require(self.num_samples >= 2, "num_samples", "must be at least 2", "e.g. data.num_samples=8192")
+        self._require(
+            len(self.input_shape) >= 1 and all(int(d) >= 1 for d in self.input_shape),
+            "input_shape",
+            "must be a non-empty list of positive sizes",
+            "e.g. data.input_shape=[784] or data.input_shape=[3,32,32]",
+        )
+        self._require(self.num_classes >= 2, "num_classes", "must be at least 2", "e.g. data.num_classes=10")
+        self._require(0 <= self.val_fraction < 1, "val_fraction", "must be in [0, 1)", "e.g. data.val_fraction=0.1")
+        self._require(self.label_noise >= 0, "label_noise", "must be 0 or more", "e.g. data.label_noise=0.1")
+        self._require(self.num_workers >= 0, "num_workers", "must be 0 or more", "e.g. data.num_workers=0")
+
+    @property
+    def num_val(self) -> int:
+        return int(self.num_samples * self.val_fraction)
+
+    @property
+    def num_train(self) -> int:
+        return self.num_samples - self.num_val
+
+
+LR_SCALING = ("none", "linear", "sqrt")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainerConfig(_Checked):
+    """The training loop. Step counts are optimizer steps."""
+
+    _group: ClassVar[str] = "trainer"
+
+    max_epochs: int = 3
+    """Stop after this many epochs (0: no epoch limit)."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0: no step limit). Whichever limit comes first ends training."""
+    batch_size: int = 64
+    """Samples per process per step; the global batch is batch_size x world size."""
+    lr: float = 1e-3
+    """Base learning rate, meant for a global batch of ``lr_reference_batch_size``."""
+    lr_scaling: str = "none"
+    """How the base LR follows the global batch: linear (SGD-like), sqrt (Adam-like) or none."""
+    lr_reference_batch_size: int = 64
+    """The global batch size the base LR was tuned for."""
+    seed: int = 0
+    """Seed of model initialisation and data order; the same seed and world size give the same result."""
+    device: str = "auto"
+    """auto: CUDA when a GPU is visible, else CPU."""
+    log_every_n_steps: int = 20
+    """Write a metrics.jsonl row (and reduce the loss across ranks) every N steps."""
+    val_every_n_steps: int = 0
+    """Validate every N steps (0: off)."""
+    val_every_n_epochs: int = 1
+    """Validate at the end of every N epochs (0: off). A final validation always runs."""
+    checkpoint_every_n_steps: int = 0
+    """Save a checkpoint every N steps (0: off)."""
+    keep_checkpoints: int = 2
+    """How many periodic checkpoints to keep."""
+    dist_timeout_s: float = 300.0
+    """Timeout of the rendezvous and of every collective: a lost rank fails the job after this."""
+    progress_bar: bool = True
+    """Show a progress bar on rank 0."""
+
+    def __post_init__(self) -> None:
+        for key in ("max_epochs", "max_steps"):
+            self._require(getattr(self, key) >= 0, key, "must be 0 (no limit) or more", f"e.g. trainer.{key}=0")
+        self._require(
+            self.max_epochs > 0 or self.max_steps > 0,
+            "max_steps",
+            "max_steps and max_epochs are both 0, so training would never end",
+            "set trainer.max_epochs=3 or trainer.max_steps=1000",
+        )
+        self._require(self.batch_size >= 1, "batch_size", "must be at least 1", "e.g. trainer.batch_size=64")
+        self._require(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a positive number", "e.g. trainer.lr=1e-3")
+        self._one_of("lr_scaling", LR_SCALING)
+        self._require(
+            self.lr_reference_batch_size >= 1,
+            "lr_reference_batch_size",
+            "must be at least 1",
+            "set it to the global batch size the base LR was tuned for",
+        )
+        self._one_of("device", DEVICES)
+        self._require(
+            self.log_every_n_steps >= 1, "log_every_n_steps", "must be at least 1", "e.g. trainer.log_every_n_steps=20"
+        )
+        for key in ("val_every_n_steps", "val_every_n_epochs", "checkpoint_every_n_steps"):
+            self._require(getattr(self, key) >= 0, key, "must be 0 (off) or more", f"e.g. trainer.{key}=0")
+        self._require(
+            self.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1", "e.g. trainer.keep_checkpoints=2"
+        )
+        self._require(self.dist_timeout_s > 0, "dist_timeout_s", "must be positive", "e.g. trainer.dist_timeout_s=300")
+
+
+@dataclass
+class MLPConfig(_Checked):
+    """Fully connected classifier on flattened inputs."""
+
+    _group: ClassVar[str] = "model"
+
+    name: str = "mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [1024, 1024])
+    """Width of each hidden layer."""
+    dropout: float = 0.0
+    """Dropout after each hidden layer."""
+
+    def __post_init__(self) -> None:
+        self._require(
+            all(h >= 1 for h in self.hidden_sizes),
+            "hidden_sizes",
+            "sizes must be positive",
+            "e.g. model.hidden_sizes=[1024,1024]",
+        )
+        self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)", "e.g. model.dropout=0.1")
+
+
+@dataclass
+class CNNConfig(_Checked):
+    """Small convolutional classifier for [C, H, W] inputs: conv-relu-pool blocks, then a linear head."""
+
+    _group: ClassVar[str] = "model"
+
+    name: str = "cnn"
+    channels: list[int] = field(default_factory=lambda: [32, 64])
+    """Output channels of each conv block (each block halves H and W)."""
+    hidden_size: int = 128
+    """Width of the hidden layer of the head."""
+    dropout: float = 0.0
+    """Dropout before the last layer."""
+
+    def __post_init__(self) -> None:
+        self._require(
+            len(self.channels) >= 1 and all(c >= 1 for c in self.channels),
+            "channels",
+            "must be a non-empty list of positive sizes",
+            "e.g. model.channels=[32,64]",
+        )
+        self._require(self.hidden_size >= 1, "hidden_size", "must be at least 1", "e.g. model.hidden_size=128")
+        self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)", "e.g. model.dropout=0.1")
+
+
+@dataclass
+class AdamWConfig(_Checked):
+    """torch.optim.AdamW; the learning rate comes from trainer.lr."""
+
+    _group: ClassVar[str] = "optim"
+
+    name: str = "adamw"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        self._require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "betas",
+            "must be two numbers in [0, 1)",
+            "e.g. optim.betas=[0.9,0.999]",
+        )
+        self._require(self.eps > 0, "eps", "must be positive", "e.g. optim.eps=1e-8")
+        self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0.01")
+
+
+@dataclass
+class SGDConfig(_Checked):
+    """torch.optim.SGD; the learning rate comes from trainer.lr."""
+
+    _group: ClassVar[str] = "optim"
+
+    name: str = "sgd"
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._require(0 <= self.momentum < 1, "momentum", "must be in [0, 1)", "e.g. optim.momentum=0.9")
+        self._require(
+            not self.nesterov or self.momentum > 0,
+            "nesterov",
+            "Nesterov momentum needs optim.momentum > 0",
+            "set optim.momentum=0.9 or optim.nesterov=false",
+        )
+        self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0")
+
+
+MODEL_SCHEMAS: dict[str, type[Any]] = {"mlp": MLPConfig, "cnn": CNNConfig}
+OPTIM_SCHEMAS: dict[str, type[Any]] = {"adamw": AdamWConfig, "sgd": SGDConfig}
+
+
+@dataclass
+class Config:
+    """The whole job. ``model`` and ``optim`` hold one of the schemas in MODEL_SCHEMAS / OPTIM_SCHEMAS."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: Any = MISSING
+    optim: Any = MISSING
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, CNNConfig) and len(self.data.input_shape) != 3:
+            raise ConfigError(
+                f"data.input_shape={list(self.data.input_shape)} does not suit model=cnn, which needs [channels, "
+                "height, width]. HINT: set data.input_shape=[3,32,32], or use model=mlp."
+            )
+        world = self.cluster.world_size
+        per_rank = self.data.num_train // world
+        if per_rank < self.trainer.batch_size and self.data.drop_last:
+            raise ConfigError(
+                f"trainer.batch_size={self.trainer.batch_size} is larger than the {per_rank} training samples each of "
+                f"{world} ranks gets (data.num_samples={self.data.num_samples}, data.val_fraction="
+                f"{self.data.val_fraction}), so with data.drop_last=true no step would run. HINT: lower "
+                "trainer.batch_size or raise data.num_samples."
+            )
+        if self.data.num_val and self.data.num_val < world:
+            raise ConfigError(
+                f"data.val_fraction={self.data.val_fraction} leaves {self.data.num_val} validation samples for "
+                f"{world} ranks; every rank needs at least one. HINT: raise data.val_fraction or data.num_samples, "
+                "or set data.val_fraction=0 to skip validation."
+            )
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.trainer.batch_size * self.cluster.world_size
+
+
+def _typed_option(node: Any, group: str, schemas: Mapping[str, type[Any]]) -> Any:
+    """The structured schema for a model/optim node, chosen by its ``name``."""
+    name = node.get("name") if isinstance(node, Mapping | DictConfig) else None
+    if not isinstance(name, str) or name not in schemas:
+        raise ConfigError(
+            f"{group}.name={name!r} is not a known {group}: choose one of {', '.join(sorted(schemas))}. "
+            f"HINT: select one with {group}={sorted(schemas)[0]}."
+        )
+    return OmegaConf.merge(OmegaConf.structured(schemas[name]), node)
+
+
+def config_from_dict(data: Mapping[str, Any] | DictConfig) -> Config:
+    """Validate a plain or OmegaConf mapping (e.g. a loaded ``config.yaml``) into a typed ``Config``.
+
+    Unknown keys, wrong types and broken rules raise ``ConfigError``.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = data if isinstance(data, DictConfig) else OmegaConf.create(dict(data))
+        node = OmegaConf.masked_copy(node, [str(k) for k in node if k != "hydra"])
+        typed = OmegaConf.merge(OmegaConf.structured(Config), node)
+        typed.model = _typed_option(node.get("model"), "model", MODEL_SCHEMAS)
+        typed.optim = _typed_option(node.get("optim"), "optim", OPTIM_SCHEMAS)
+        config = OmegaConf.to_object(typed)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    assert isinstance(config, Config)
+    return config
+
+
+def _omegaconf_message(exc: Exception) -> str:
+    """OmegaConf's message with its key, plus the valid keys when a key is unknown."""
+    key = getattr(exc, "full_key", "") or ""
+    text = str(exc).splitlines()[0]
+    parent = getattr(exc, "object_type", None)
+    if "not in" in text and parent is not None and hasattr(parent, "__dataclass_fields__"):
+        valid = sorted(f.name for f in fields(parent))
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown config key {key!r}. HINT: {hint}valid keys here: {', '.join(valid)}."
+    return f"{key}: {text}" if key else text
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a saved ``config.yaml`` (what a worker does in its run directory)."""
+    node = OmegaConf.load(path)
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping of config groups, found a list")
+    return config_from_dict(node)
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore: ``config_schema`` and one schema per model/optim option."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for name, schema in MODEL_SCHEMAS.items():
+        cs.store(group="model", name=f"schema_{name}", node=schema)
+    for name, schema in OPTIM_SCHEMAS.items():
+        cs.store(group="optim", name=f"schema_{name}", node=schema)

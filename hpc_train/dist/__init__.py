@@ -1,0 +1,64 @@
+"""Rank resolution and process-group setup.
+
+Public API::
+
+    resolve_environment(environ=None) -> DistEnv   # torchrun > Slurm step > submitit local > single
+    expand_hostlist(expr) -> list[str]             # Slurm hostlist, as `scontrol show hostnames`
+    select_device(env, use_cuda) -> torch.device
+    distributed(env, device, timeout)              # context manager: init_distributed / teardown_distributed
+    gather_rank_table(env, device), format_rank_table(rows)
+
+Importing this package does not import torch; the torch-dependent names load on first use, so launchers and
+dry-runs can resolve ranks without paying for ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from hpc_train.dist.env import PORT_BASE, PORT_SPAN, DistEnv, Source, derive_port, resolve_environment
+from hpc_train.dist.hostlist import expand_hostlist, parse_tasks_per_node
+
+if TYPE_CHECKING:
+    from hpc_train.dist.process_group import (
+        distributed,
+        init_distributed,
+        select_device,
+        teardown_distributed,
+    )
+    from hpc_train.dist.table import RankRow, format_rank_table, gather_rank_table
+
+_LAZY = {
+    "distributed": "process_group",
+    "init_distributed": "process_group",
+    "select_device": "process_group",
+    "teardown_distributed": "process_group",
+    "RankRow": "table",
+    "format_rank_table": "table",
+    "gather_rank_table": "table",
+}
+
+__all__ = [
+    "PORT_BASE",
+    "PORT_SPAN",
+    "DistEnv",
+    "RankRow",
+    "Source",
+    "derive_port",
+    "distributed",
+    "expand_hostlist",
+    "format_rank_table",
+    "gather_rank_table",
+    "init_distributed",
+    "parse_tasks_per_node",
+    "resolve_environment",
+    "select_device",
+    "teardown_distributed",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"hpc_train.dist.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'hpc_train.dist' has no attribute {name!r}")

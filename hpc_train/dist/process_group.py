@@ -1,0 +1,103 @@
+"""The one place that creates and destroys the default process group, and picks this rank's device."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpc_train.dist.env import DistEnv
+from hpc_train.errors import DistEnvironmentError
+
+__all__ = ["distributed", "init_distributed", "select_device", "teardown_distributed"]
+
+log = logging.getLogger(__name__)
+
+
+def select_device(env: DistEnv, use_cuda: bool) -> torch.device:
+    """CPU, or the GPU this rank owns.
+
+    With several GPUs visible, local rank k takes ``cuda:k``. When each task sees exactly one GPU (Slurm's
+    per-task binding, ``--gpus-per-task=1``, sets a different CUDA_VISIBLE_DEVICES per task) it is ``cuda:0``.
+    """
+    if not use_cuda:
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    if count == 0:
+        raise DistEnvironmentError(
+            f"trainer.device asks for CUDA but rank {env.rank} on {env.hostname} sees no GPU "
+            f"(CUDA_VISIBLE_DEVICES={visible}). HINT: request GPUs (cluster.gpus_per_node) or set trainer.device=cpu."
+        )
+    if count == 1:
+        return torch.device("cuda", 0)
+    if env.local_rank >= count:
+        raise DistEnvironmentError(
+            f"local rank {env.local_rank} on {env.hostname} has no GPU of its own: {count} visible "
+            f"(CUDA_VISIBLE_DEVICES={visible}) for {env.local_world_size} tasks on this node. HINT: set "
+            "cluster.tasks_per_node to at most cluster.gpus_per_node, or bind one GPU per task."
+        )
+    return torch.device("cuda", env.local_rank)
+
+
+def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> None:
+    """Create the default process group: nccl for GPUs, gloo for CPUs; ``timeout`` bounds every collective.
+
+    A one-process job uses an in-memory store, so it binds no port and works where networking is locked down.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("the default process group is already initialised")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # torch's stubs do not re-export the store classes (they live in torch._C): hence the ignores below.
+    store: Any
+    if env.world_size == 1:
+        store = dist.HashStore()  # type: ignore[attr-defined]
+    else:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            env.master_addr,
+            env.master_port,
+            world_size=env.world_size,
+            is_master=env.rank == 0,
+            timeout=timeout,
+        )
+    log.info(
+        "init_process_group: backend=%s rank=%d world_size=%d store=%s:%d timeout=%ss",
+        backend,
+        env.rank,
+        env.world_size,
+        env.master_addr,
+        env.master_port,
+        timeout.total_seconds(),
+    )
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def teardown_distributed() -> None:
+    """Destroy the default process group if there is one (safe to call twice, and after a failure)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextmanager
+def distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> Iterator[None]:
+    """``init_distributed`` on entry, ``teardown_distributed`` on exit, whatever happens in between."""
+    init_distributed(env, device, timeout)
+    try:
+        yield
+    finally:
+        teardown_distributed()

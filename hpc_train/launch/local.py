@@ -1,0 +1,190 @@
+"""Run a job on this machine: ``cluster=local`` (processes via submitit's LocalExecutor) or ``cluster=debug``.
+
+submitit's local controller waits for *all* tasks, so a rank that dies early would leave its peers blocked in
+a collective until the collective timeout. ``follow`` therefore watches the ranks itself (status files and
+pids), and once one has failed gives the others ``cluster.failure_grace_s`` to exit before it cancels the job.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import submitit
+from submitit.core.utils import JobPaths
+from submitit.local.local import LocalJob
+
+from hpc_train import worker
+from hpc_train.config import ClusterConfig, Config
+from hpc_train.rundir import RunDir
+
+__all__ = ["launch_debug", "launch_local"]
+
+POLL_S = 0.2
+
+
+def launch_local(cfg: Config, run_dir: RunDir) -> int:
+    """Start ``cluster.tasks_per_node`` ranks here, stream rank 0's output, return the job's exit code."""
+    executor = submitit.LocalExecutor(folder=run_dir.submitit)
+    executor.update_parameters(
+        tasks_per_node=cfg.cluster.tasks_per_node,
+        gpus_per_node=cfg.cluster.gpus_per_node,
+        timeout_min=cfg.cluster.timeout_min,
+    )
+    job = executor.submit(worker.run, str(run_dir.path))
+    assert isinstance(job, LocalJob)
+    print(f"hpc_train: local job {job.job_id} with {cfg.cluster.world_size} ranks, run dir {run_dir.path}", flush=True)
+    with _signals_as_interrupt():
+        return follow(job, run_dir, cfg.cluster)
+
+
+def launch_debug(cfg: Config, run_dir: RunDir) -> int:
+    """Run the single rank in this process (submitit's DebugExecutor), so breakpoints and pdb work."""
+    executor = submitit.DebugExecutor(folder=run_dir.submitit)
+    job = executor.submit(worker.run, str(run_dir.path))
+    job.result()  # runs the worker here; an exception propagates (after pdb post-mortem on a terminal)
+    return 0
+
+
+@contextmanager
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the launcher cancels the job like Ctrl-C instead of orphaning its ranks."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Tail:
+    """Copies what a growing file gains to a stream."""
+
+    def __init__(self, path: Path, out: IO[str]) -> None:
+        self.path, self.out, self.offset = path, out, 0
+
+    def pump(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if data:
+            self.offset += len(data)
+            self.out.write(data.decode(errors="replace"))
+            self.out.flush()
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int
+    host: str
+    summary: str
+    detail: str
+    reported: bool
+    """False when the rank died without writing its failure (killed by a signal, os._exit)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead: it has exited but was not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[_Failure]:
+    """Ranks that failed, those that died without a word first, then in the order they reported."""
+    found = []
+    for rank, status in sorted(run_dir.read_statuses().items(), key=lambda kv: kv[1].get("time", 0)):
+        if status["state"] == "failed":
+            found.append(_Failure(rank, status["host"], status["error"], status.get("traceback", ""), True))
+        elif status["state"] in ("starting", "running") and not _pid_alive(int(status["pid"])):
+            detail = _last_lines(paths[rank].stderr) if rank < len(paths) else ""
+            summary = f"process {status['pid']} exited without reporting (killed by a signal, out of memory, os._exit)"
+            found.append(_Failure(rank, status["host"], summary, detail, False))
+    return sorted(found, key=lambda f: f.reported)
+
+
+def _last_lines(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _stop(job: LocalJob[Any], timeout_s: float = 15.0) -> None:
+    """Cancel the job (the controller forwards SIGINT, then SIGKILL, to the ranks) and wait for it to end."""
+    job.cancel()
+    deadline = time.monotonic() + timeout_s
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if not job.done() and job._process is not None:
+        job._process.kill()
+
+
+def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
+    """Stream rank 0's output until the job ends; 0 when every rank completed, else 1 (130 on Ctrl-C)."""
+    paths = [JobPaths(run_dir.submitit, job.job_id, rank) for rank in range(cluster.world_size)]
+    tails = [_Tail(paths[0].stdout, sys.stdout), _Tail(paths[0].stderr, sys.stderr)]
+    deadline = time.monotonic() + cluster.timeout_min * 60 + 30  # the controller enforces the limit first
+    failed_since: float | None = None
+    reason = ""
+    try:
+        while not job.done():
+            for tail in tails:
+                tail.pump()
+            now = time.monotonic()
+            if failed_since is None and _failures(run_dir, paths):
+                failed_since = now
+            if failed_since is not None and now - failed_since > cluster.failure_grace_s:
+                reason = f"stopped the remaining ranks {cluster.failure_grace_s:g}s after the first failure"
+                _stop(job)
+            elif now > deadline:
+                reason = f"the job exceeded cluster.timeout_min={cluster.timeout_min:g}"
+                _stop(job)
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        _stop(job)
+        print(f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr)
+        return 130
+    for tail in tails:
+        tail.pump()
+    return _outcome(run_dir, paths, cluster.world_size, reason)
+
+
+def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:
+    statuses = run_dir.read_statuses()
+    if all(statuses.get(r, {}).get("state") == "completed" for r in range(world_size)):
+        print(f"hpc_train: all {world_size} ranks completed. Run dir: {run_dir.path}", flush=True)
+        return 0
+    failures = _failures(run_dir, paths)
+    lines = [f"hpc_train: job FAILED. Run dir: {run_dir.path}"]
+    if reason:
+        lines.append(f"  ({reason})")
+    if failures:
+        first = failures[0]
+        lines.append(f"  rank {first.rank} on {first.host} failed first: {first.summary}")
+        lines += [f"  then rank {f.rank} on {f.host}: {f.summary.splitlines()[0][:160]}" for f in failures[1:]]
+        if first.detail:
+            source = "traceback" if first.reported else f"last lines of {paths[first.rank].stderr}"
+            lines.append(f"--- rank {first.rank}: {source} ---")
+            lines.append(first.detail.rstrip())
+    missing = [r for r in range(world_size) if r not in statuses]
+    if missing:
+        lines.append(f"  ranks that never started: {missing}; see {run_dir.submitit}/*_log.err")
+        if not failures and missing:
+            lines.append(_last_lines(paths[missing[0]].stderr))
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return 1

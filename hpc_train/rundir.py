@@ -1,0 +1,127 @@
+"""Layout of a run directory, and the per-rank status files launchers read to follow a job.
+
+The names here are a public contract (``config.yaml``, ``metrics.jsonl``, ``model_final.pt``, ``logs/``):
+scripts and later tools find a run's outputs by them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["RunDir", "atomic_write", "read_json", "write_json_atomic"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Call ``write`` on a temp file beside ``path``, fsync it, rename it into place, fsync the folder.
+
+    A reader, or a run resumed after a crash, sees the old file or the new one, never half of one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the permissions open() would
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON with ``atomic_write``."""
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()))
+
+
+def read_json(path: Path) -> Any:
+    """The JSON object in ``path``, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        """The resolved, validated config every rank reads."""
+        return self.path / "config.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        """One JSON object per log/validation step, written by rank 0."""
+        return self.path / "metrics.jsonl"
+
+    @property
+    def model_final(self) -> Path:
+        """The trained model's state_dict (plain tensors), written by rank 0 at the end."""
+        return self.path / "model_final.pt"
+
+    @property
+    def rank_table(self) -> Path:
+        """Every rank's host, ranks, device and rendezvous address, as gathered at start."""
+        return self.path / "rank_table.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        """The log file of one rank."""
+        return self.logs / f"rank_{rank}.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's own folder: pickles and the raw stdout/stderr of each task."""
+        return self.path / "submitit"
+
+    @property
+    def status_dir(self) -> Path:
+        return self.path / "status"
+
+    def status_path(self, rank: int) -> Path:
+        return self.status_dir / f"rank_{rank}.json"
+
+    def write_status(self, rank: int, state: str, **extra: Any) -> None:
+        """Record a rank's state (starting, running, completed, failed) with its host and pid."""
+        record = {"rank": rank, "state": state, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+        write_json_atomic(self.status_path(rank), {**record, **extra})
+
+    def read_statuses(self) -> dict[int, dict[str, Any]]:
+        """The latest status of each rank that has written one."""
+        statuses: dict[int, dict[str, Any]] = {}
+        for path in sorted(self.status_dir.glob("rank_*.json")):
+            record = read_json(path)
+            if isinstance(record, dict) and isinstance(record.get("rank"), int):
+                statuses[record["rank"]] = record
+        return statuses

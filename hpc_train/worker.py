@@ -1,0 +1,105 @@
+"""What every task runs: resolve the environment, init the process group, build the Trainer, fit, close.
+
+Launched by submitit (``run``), by an sbatch script or by hand: ``[srun|torchrun ...] python -m hpc_train.worker
+--run-dir RUN_DIR``. The run directory's ``config.yaml`` is the whole input, so a task needs no pickle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from hpc_train.dist import DistEnv, resolve_environment
+from hpc_train.rundir import RunDir, write_json_atomic
+
+__all__ = ["main", "run"]
+
+log = logging.getLogger("hpc_train")
+
+
+def run(run_dir: str | Path) -> None:
+    """Train the job described by ``<run_dir>/config.yaml`` as this process's rank."""
+    rd = RunDir(Path(run_dir))
+    env = resolve_environment()
+    rd.write_status(env.rank, "starting")  # before the slow imports: the launcher can watch this pid from now
+    try:
+        _setup_logging(rd, env)
+        _train(rd, env)
+    except BaseException as exc:
+        tail = "".join(traceback.format_exception(exc)[-12:])
+        rd.write_status(env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail)
+        raise
+    rd.write_status(env.rank, "completed")
+
+
+def _train(rd: RunDir, env: DistEnv) -> None:
+    import torch
+
+    from hpc_train.config import load_config
+    from hpc_train.dist import distributed, format_rank_table, gather_rank_table, select_device
+    from hpc_train.train.trainer import Trainer
+
+    cfg = load_config(rd.config)
+    torch.set_num_threads(cfg.cluster.cpus_per_task)
+    use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+    device = select_device(env, use_cuda)
+    with distributed(env, device, timedelta(seconds=cfg.trainer.dist_timeout_s)):
+        rows = gather_rank_table(env, device)
+        if env.is_main:
+            log.info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
+            write_json_atomic(rd.rank_table, [row.as_dict() for row in rows])
+        rd.write_status(env.rank, "running")
+        trainer = Trainer(cfg, env, device, rd)
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
+
+
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes through tqdm so log lines do not tear rank 0's progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never kill training
+            self.handleError(record)
+
+
+def _setup_logging(rd: RunDir, env: DistEnv) -> None:
+    """Each rank logs to ``logs/rank_<r>.log``; rank 0 also to the console, other ranks only warnings."""
+    rd.logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s")
+    file_handler = logging.FileHandler(rd.rank_log(env.rank))
+    file_handler.setFormatter(fmt)
+    console = _ConsoleHandler()
+    console.setFormatter(logging.Formatter(f"[rank {env.rank}] %(message)s"))
+    console.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    root = logging.getLogger("hpc_train")
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(file_handler)
+    root.addHandler(console)
+    logging.getLogger("hpc_train.dist.env").info("resolved %s", env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m hpc_train.worker --run-dir RUN_DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m hpc_train.worker", description=__doc__)
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
+    args = parser.parse_args(argv)
+    if not (args.run_dir / "config.yaml").is_file():
+        parser.error(f"--run-dir {args.run_dir}: no config.yaml there (write one with `python -m hpc_train`)")
+    run(args.run_dir)
+
+
+if __name__ == "__main__":
+    main()
