@@ -33,6 +33,7 @@ __all__ = [
     "MLPConfig",
     "SGDConfig",
     "TrainerConfig",
+    "check_override_keys",
     "config_from_dict",
     "load_config",
     "register_configs",
@@ -409,6 +410,37 @@ def _omegaconf_message(exc: Exception) -> str:
         hint = f"did you mean {close[0]!r}? " if close else ""
         return f"unknown config key {key!r}. HINT: {hint}valid keys here: {', '.join(valid)}."
     return f"{key}: {text}" if key else text
+
+
+def _group_keys() -> dict[str, set[str]]:
+    """Valid keys per top-level group; model/optim accept the fields of any of their options."""
+    typed = {"cluster": ClusterConfig, "data": DataConfig, "trainer": TrainerConfig}
+    keys = {group: {f.name for f in fields(schema)} for group, schema in typed.items()}
+    keys["model"] = {f.name for schema in MODEL_SCHEMAS.values() for f in fields(schema)}
+    keys["optim"] = {f.name for schema in OPTIM_SCHEMAS.values() for f in fields(schema)}
+    return keys
+
+
+def check_override_keys(keys: list[str]) -> None:
+    """Reject command-line keys the schema does not know, naming the closest valid key and listing all.
+
+    Hydra's own message for a typo suggests adding it with ``+key=value``, which only moves the error.
+    """
+    groups = _group_keys()
+    for key in keys:
+        group, _, rest = key.partition(".")
+        if group == "hydra":
+            continue
+        if group not in groups:
+            close = difflib.get_close_matches(group, sorted(groups), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"unknown config key {key!r}. HINT: {hint}top-level groups: {', '.join(sorted(groups))}.")
+        field_name = rest.split(".", 1)[0]
+        if rest and field_name not in groups[group]:
+            valid = sorted(groups[group])
+            close = difflib.get_close_matches(field_name, valid, n=1)
+            hint = f"did you mean {group}.{close[0]}? " if close else ""
+            raise ConfigError(f"unknown config key {key!r}. HINT: {hint}valid keys in {group}: {', '.join(valid)}.")
 
 
 def load_config(path: str | Path) -> Config:

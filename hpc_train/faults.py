@@ -1,7 +1,8 @@
 """Deliberate faults for testing failure handling: ``HPC_TRAIN_FAULT="rank=1,step=3,kind=raise"``.
 
 kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), no cleanup), ``kill`` (SIGKILL to
-itself). The variable is read once at start; unset, the per-step check is a comparison against None.
+itself). ``step=0`` fires before the rendezvous (init_process_group), ``step=N`` after the N-th optimizer step.
+The variable is read once at start; unset, the per-step check is a comparison against None.
 """
 
 from __future__ import annotations

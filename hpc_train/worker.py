@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hpc_train.dist import DistEnv, resolve_environment
+from hpc_train.faults import fault_from_env
 from hpc_train.rundir import RunDir, write_json_atomic
 
 __all__ = ["main", "run"]
@@ -47,6 +48,9 @@ def _train(rd: RunDir, env: DistEnv) -> None:
     torch.set_num_threads(cfg.cluster.cpus_per_task)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = select_device(env, use_cuda)
+    fault = fault_from_env()
+    if fault is not None:
+        fault.maybe_fire(env.rank, step=0)  # step 0: before the rendezvous, where a lost rank hurts most
     with distributed(env, device, timedelta(seconds=cfg.trainer.dist_timeout_s)):
         rows = gather_rank_table(env, device)
         if env.is_main:

@@ -1,0 +1,133 @@
+"""Real multi-process runs through `python -m hpc_train` (gloo on CPU): what a user sees, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_train.__main__ import write_config
+from hpc_train.rundir import RunDir
+from hpc_train.train.metrics import read_metrics
+
+from ..unit.test_config import composed
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["data.num_samples=2048", "model.hidden_sizes=[64]", "trainer.log_every_n_steps=5"]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(run_dir / "model_final.pt", weights_only=True)
+    assert state and all(isinstance(v, torch.Tensor) for v in state.values())
+    return state
+
+
+def test_default_job(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """README's first command: the default config, a 2-rank DDP run on CPU."""
+    proc, run_dir = run_cli()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("config.yaml", "metrics.jsonl", "model_final.pt", "logs/rank_0.log", "logs/rank_1.log"):
+        assert (run_dir / name).is_file(), name
+    assert "rank table (2 ranks)" in proc.stderr
+    table = json.loads((run_dir / "rank_table.json").read_text())
+    assert [row["rank"] for row in table] == [0, 1]
+    assert len({row["master"] for row in table}) == 1
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert {"step", "epoch", "train_loss", "lr", "samples_per_s"} <= rows[0].keys()
+    assert rows[-1]["train_loss"] < 0.8 * rows[0]["train_loss"], "loss did not fall"
+    final = rows[-1]
+    assert final["val_samples"] == 819 and final["val_acc"] > 0.5
+    assert weights(run_dir)
+
+
+def test_two_ranks_equal_one_rank_with_twice_the_batch(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """DistributedSampler shards make 2 ranks x B the same global batch as 1 rank x 2B."""
+    common = [*SMALL, "trainer.max_steps=25", "data.val_fraction=0.1", "trainer.val_every_n_steps=10"]
+    two, two_dir = run_cli(*common, "cluster.tasks_per_node=2", "trainer.batch_size=16", run_dir=tmp_path / "two")
+    one, one_dir = run_cli(*common, "cluster.tasks_per_node=1", "trainer.batch_size=32", run_dir=tmp_path / "one")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert one.returncode == 0, one.stderr[-3000:]
+    w2, w1 = weights(two_dir), weights(one_dir)
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=1e-4, atol=1e-5)
+    # Exact validation: 204 samples over 2 ranks, none counted twice; same metrics as the 1-rank run.
+    val2 = [r for r in read_metrics(two_dir / "metrics.jsonl") if "val_loss" in r]
+    val1 = [r for r in read_metrics(one_dir / "metrics.jsonl") if "val_loss" in r]
+    assert [r["step"] for r in val2] == [r["step"] for r in val1] == [10, 20, 25]
+    for a, b in zip(val2, val1, strict=True):
+        assert a["val_samples"] == b["val_samples"] == 204
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4)
+        assert a["val_acc"] == pytest.approx(b["val_acc"], abs=1e-9)
+
+
+def test_identical_runs_are_bitwise_identical(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    args = [*SMALL, "trainer.max_steps=20", "model.dropout=0.1"]
+    a, a_dir = run_cli(*args, run_dir=tmp_path / "a")
+    b, b_dir = run_cli(*args, run_dir=tmp_path / "b")
+    assert a.returncode == b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
+    wa, wb = weights(a_dir), weights(b_dir)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    c, c_dir = run_cli(*args, "trainer.seed=1", run_dir=tmp_path / "c")
+    assert c.returncode == 0
+    assert not all(torch.equal(wa[k], weights(c_dir)[k]) for k in wa), "the seed has no effect"
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("rank=1,step=3,kind=raise", "injected fault (HPC_TRAIN_FAULT) on rank 1 at step 3"),
+        ("rank=1,step=3,kind=kill", "exited without reporting"),
+        # Before the rendezvous: rank 0 would wait in init_process_group for the whole dist timeout.
+        ("rank=1,step=0,kind=raise", "injected fault (HPC_TRAIN_FAULT) on rank 1 at step 0"),
+    ],
+)
+def test_failing_rank_ends_the_job_and_is_named(run_cli, fault: str, expected: str) -> None:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    proc, run_dir = run_cli(
+        *SMALL, "trainer.max_steps=400", "cluster.failure_grace_s=5", env={"HPC_TRAIN_FAULT": fault}
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1
+    assert "job FAILED" in proc.stderr
+    assert "rank 1 on" in proc.stderr and "failed first" in proc.stderr
+    assert expected in proc.stderr
+    assert not (run_dir / "model_final.pt").exists()
+    assert elapsed < 60, f"took {elapsed:.0f}s to end a job with a dead rank"
+
+
+def test_debug_launcher_runs_in_process(run_cli) -> None:  # type: ignore[no-untyped-def]
+    proc, run_dir = run_cli(*SMALL, "cluster=debug", "trainer.max_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = json.loads((run_dir / "rank_table.json").read_text())
+    assert len(table) == 1 and table[0]["source"] == "single"
+    assert weights(run_dir)
+
+
+def test_config_error_stops_before_launch(run_cli) -> None:  # type: ignore[no-untyped-def]
+    proc, run_dir = run_cli("trainer.batch_size=0")
+    assert proc.returncode == 2
+    assert "trainer.batch_size=0 is invalid" in proc.stderr and "HINT:" in proc.stderr
+    assert not (run_dir / "submitit").exists()
+    proc, _ = run_cli("trainer.batch_sise=3")
+    assert proc.returncode == 2 and "did you mean trainer.batch_size" in proc.stderr
+
+
+def test_worker_under_torchrun(tmp_path: Path) -> None:
+    """`torchrun -m hpc_train.worker --run-dir DIR`: ranks come from torchrun's variables."""
+    run_dir = RunDir(tmp_path / "tr")
+    write_config(composed(*SMALL, "trainer.max_steps=5"), run_dir)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = subprocess.run(
+        [*cmd, "-m", "hpc_train.worker", "--run-dir", str(run_dir.path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = json.loads(run_dir.rank_table.read_text())
+    assert [(r["rank"], r["source"]) for r in table] == [(0, "torchrun"), (1, "torchrun")]
+    assert run_dir.model_final.is_file()

@@ -1,0 +1,112 @@
+"""Config: the YAML tree composes into the typed schema, and every bad value fails with key, value and HINT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hpc_train.__main__ import write_config
+from hpc_train.config import CNNConfig, Config, MLPConfig, SGDConfig, config_from_dict, load_config, register_configs
+from hpc_train.errors import ConfigError
+from hpc_train.rundir import RunDir
+
+from ..conftest import CONF
+
+
+def composed(*overrides: str) -> Config:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        raw = compose(config_name="config", overrides=list(overrides))
+    return config_from_dict(raw)
+
+
+def test_defaults() -> None:
+    cfg = composed()
+    assert cfg.cluster.launcher == "local"
+    assert (cfg.cluster.nodes, cfg.cluster.tasks_per_node, cfg.cluster.gpus_per_node, cfg.cluster.cpus_per_task) == (
+        1,
+        2,
+        0,
+        1,
+    )
+    assert isinstance(cfg.model, MLPConfig)
+    assert cfg.global_batch_size == 128
+
+
+def test_group_options() -> None:
+    cfg = composed("model=cnn", "data.input_shape=[3,32,32]", "optim=sgd", "cluster=debug")
+    assert isinstance(cfg.model, CNNConfig)
+    assert isinstance(cfg.optim, SGDConfig)
+    assert (cfg.cluster.launcher, cfg.cluster.tasks_per_node) == ("debug", 1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.batch_size=0"], r"trainer\.batch_size=0 is invalid: must be at least 1\. HINT:"),
+        (["trainer.lr=-1"], r"trainer\.lr=-1\.0 is invalid: must be a positive number"),
+        (
+            ["trainer.lr_scaling=linaer"],
+            r"trainer\.lr_scaling='linaer'.*one of none, linear, sqrt.*did you mean 'linear'",
+        ),
+        (["trainer.max_epochs=0", "trainer.max_steps=0"], r"training would never end\. HINT: set trainer\.max_epochs"),
+        (["cluster.nodes=2"], r"cluster\.nodes=2 is invalid: the local launcher runs on this machine only"),
+        (["cluster=debug", "cluster.tasks_per_node=2"], r"cluster\.tasks_per_node=2.*debug launcher runs one process"),
+        (["cluster.launcher=slurmm"], r"cluster\.launcher='slurmm'"),
+        (["data.val_fraction=1.5"], r"data\.val_fraction=1\.5 is invalid: must be in \[0, 1\)"),
+        (["model=cnn"], r"data\.input_shape=\[784\] does not suit model=cnn.*HINT: set data\.input_shape=\[3,32,32\]"),
+        (["data.num_samples=100"], r"trainer\.batch_size=64 is larger than the 45 training samples each of 2 ranks"),
+        (
+            ["data.num_samples=2", "data.val_fraction=0.5", "trainer.batch_size=1", "data.drop_last=false"],
+            r"leaves 1 validation samples for 2 ranks",
+        ),
+        (["optim=sgd", "optim.momentum=0", "optim.nesterov=true"], r"optim\.nesterov=True.*HINT"),
+        (["model.dropout=1"], r"model\.dropout=1\.0 is invalid"),
+    ],
+)
+def test_rules(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        composed(*overrides)
+
+
+def test_wrong_type_rejected_while_composing() -> None:
+    with pytest.raises(Exception, match="batch_size"):
+        composed("trainer.batch_size=abc")
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    raw = OmegaConf.to_container(OmegaConf.structured(Config(model=MLPConfig(), optim=SGDConfig())))
+    assert isinstance(raw, dict)
+    raw["trainer"]["batch_sise"] = 3
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'trainer\.batch_sise'.*did you mean 'batch_size'.*valid keys here: .*max_steps",
+    ):
+        config_from_dict(raw)
+
+
+def test_unknown_model_name() -> None:
+    raw = OmegaConf.to_container(OmegaConf.structured(Config(model=MLPConfig(), optim=SGDConfig())))
+    assert isinstance(raw, dict)
+    raw["model"]["name"] = "resnet"
+    with pytest.raises(ConfigError, match=r"model\.name='resnet' is not a known model: choose one of cnn, mlp"):
+        config_from_dict(raw)
+
+
+def test_saved_config_round_trips(tmp_path: Path) -> None:
+    cfg = composed("model=cnn", "data.input_shape=[3,32,32]", "optim=sgd", "trainer.lr=0.25")
+    write_config(cfg, RunDir(tmp_path))
+    assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def test_write_config_refuses_to_replace_another_run(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    write_config(composed(), run_dir)
+    write_config(composed(), run_dir)  # the same config again is fine (re-running in place)
+    before = run_dir.config.read_text()
+    with pytest.raises(ConfigError, match=r"already holds a run with a different config\.yaml"):
+        write_config(composed("trainer.lr=0.5"), run_dir)
+    assert run_dir.config.read_text() == before

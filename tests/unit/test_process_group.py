@@ -1,0 +1,93 @@
+"""Device choice, process-group lifetime and the rank table, in one process."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hpc_train.dist import (
+    DistEnv,
+    distributed,
+    format_rank_table,
+    gather_rank_table,
+    resolve_environment,
+    select_device,
+    teardown_distributed,
+)
+from hpc_train.errors import DistEnvironmentError
+
+
+def env_with(local_rank: int, local_world_size: int) -> DistEnv:
+    return DistEnv(
+        rank=local_rank,
+        local_rank=local_rank,
+        world_size=local_world_size,
+        local_world_size=local_world_size,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="n1",
+        master_port=20001,
+        source="slurm",
+        hostname="n1",
+    )
+
+
+def test_cpu_when_cuda_not_wanted() -> None:
+    assert select_device(env_with(1, 4), use_cuda=False) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("visible", "local_rank", "local_world", "expected"),
+    [
+        (4, 0, 4, "cuda:0"),
+        (4, 3, 4, "cuda:3"),
+        (1, 3, 4, "cuda:0"),  # per-task binding: every task sees only its own GPU
+        (8, 2, 4, "cuda:2"),
+    ],
+)
+def test_gpu_choice(
+    monkeypatch: pytest.MonkeyPatch, visible: int, local_rank: int, local_world: int, expected: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    assert select_device(env_with(local_rank, local_world), use_cuda=True) == torch.device(expected)
+
+
+def test_more_tasks_than_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(DistEnvironmentError, match=r"local rank 3 on n1 has no GPU of its own: 2 visible.*HINT"):
+        select_device(env_with(3, 4), use_cuda=True)
+
+
+def test_no_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(DistEnvironmentError, match="sees no GPU"):
+        select_device(env_with(0, 1), use_cuda=True)
+
+
+def test_single_process_group_lifecycle() -> None:
+    env = resolve_environment({})
+    device = torch.device("cpu")
+    with distributed(env, device, timedelta(seconds=30)):
+        assert dist.is_initialized() and dist.get_backend() == "gloo" and dist.get_world_size() == 1
+        rows = gather_rank_table(env, device)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0]
+    assert not dist.is_initialized()
+    teardown_distributed()  # a second teardown is harmless
+    assert [r.rank for r in rows] == [0] and rows[0].source == "single"
+    text = format_rank_table(rows)
+    assert text.splitlines()[0].split() == ["host", "rank", "local", "node", "device", "MASTER_ADDR:PORT", "source"]
+    assert text.splitlines()[1].split()[1:] == ["0", "0", "0", "cpu", f"127.0.0.1:{env.master_port}", "single"]
+
+
+def test_teardown_after_failure() -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        distributed(resolve_environment({}), torch.device("cpu"), timedelta(seconds=30)),
+    ):
+        raise RuntimeError("boom")
+    assert not dist.is_initialized()
