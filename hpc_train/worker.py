@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from hpc_train.dist import DistEnv, resolve_environment
+from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
 from hpc_train.rundir import RunDir, write_json_atomic
 
@@ -92,7 +93,8 @@ def _setup_logging(rd: RunDir, env: DistEnv) -> None:
         root.removeHandler(handler)
     root.addHandler(file_handler)
     root.addHandler(console)
-    logging.getLogger("hpc_train.dist.env").info("resolved %s", env)
+    _, why = detect_source(os.environ)
+    logging.getLogger("hpc_train.dist.env").info("rank resolution: source=%s (%s): %s", env.source, why, env)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from hpc_train.dist.env import PORT_BASE, PORT_SPAN, DistEnv, Source, derive_port, resolve_environment
+from hpc_train.dist.env import (
+    PORT_BASE,
+    PORT_SPAN,
+    DistEnv,
+    Source,
+    derive_port,
+    detect_source,
+    resolve_environment,
+)
 from hpc_train.dist.hostlist import expand_hostlist, parse_tasks_per_node
 
 if TYPE_CHECKING:
@@ -46,6 +54,7 @@ __all__ = [
     "RankRow",
     "Source",
     "derive_port",
+    "detect_source",
     "distributed",
     "expand_hostlist",
     "format_rank_table",

@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 from hpc_train.dist.hostlist import expand_hostlist, parse_tasks_per_node
 from hpc_train.errors import DistEnvironmentError
 
-__all__ = ["DistEnv", "Source", "derive_port", "resolve_environment"]
+__all__ = ["DistEnv", "Source", "derive_port", "detect_source", "resolve_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -260,8 +260,8 @@ def _parsed(parse: Callable[[str], list[_T]], raw: str, name: str) -> list[_T]:
         raise DistEnvironmentError(f"{name}: {exc}") from None
 
 
-def _detect(environ: Mapping[str, str]) -> tuple[Source, str]:
-    """Which source applies, and the variables that decided it (for the log)."""
+def detect_source(environ: Mapping[str, str]) -> tuple[Source, str]:
+    """Which source ``resolve_environment`` will use, and the variables that decide it (for logs)."""
     if environ.get("TORCHELASTIC_RUN_ID"):
         return "torchrun", "TORCHELASTIC_RUN_ID is set"
     if environ.get("RANK") and environ.get("WORLD_SIZE"):
@@ -288,7 +288,7 @@ def resolve_environment(environ: Mapping[str, str] | None = None) -> DistEnv:
     process; the chosen source and why it was chosen are logged at INFO level.
     """
     env = os.environ if environ is None else environ
-    source, why = _detect(env)
+    source, why = detect_source(env)
     dist_env = _RESOLVERS[source](_Vars(env, source, why), socket.gethostname())
     log.info(
         "rank resolution: source=%s (%s): rank %d/%d, local rank %d/%d, node %d/%d, master %s:%d",

@@ -35,6 +35,9 @@ def test_default_job(run_cli) -> None:  # type: ignore[no-untyped-def]
     for name in ("config.yaml", "metrics.jsonl", "model_final.pt", "logs/rank_0.log", "logs/rank_1.log"):
         assert (run_dir / name).is_file(), name
     assert "rank table (2 ranks)" in proc.stderr
+    for rank in (0, 1):
+        log = (run_dir / f"logs/rank_{rank}.log").read_text()
+        assert "rank resolution: source=submitit-local (SUBMITIT_LOCAL_GLOBALID is set)" in log
     table = json.loads((run_dir / "rank_table.json").read_text())
     assert [row["rank"] for row in table] == [0, 1]
     assert len({row["master"] for row in table}) == 1
