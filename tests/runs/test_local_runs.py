@@ -106,8 +106,13 @@ def test_failing_rank_ends_the_job_and_is_named(run_cli, fault: str, expected: s
 
 
 def test_debug_launcher_runs_in_process(run_cli) -> None:  # type: ignore[no-untyped-def]
-    proc, run_dir = run_cli(*SMALL, "cluster=debug", "trainer.max_steps=5")
+    ckpt = ["trainer.checkpoint_every_n_steps=1", "trainer.keep_checkpoints=2"]
+    proc, run_dir = run_cli(*SMALL, "cluster=debug", "trainer.max_steps=5", *ckpt)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000004.pt", "step_000000005.pt"]
+    last = torch.load(run_dir / "checkpoints/step_000000005.pt", weights_only=True)
+    assert last["step"] == 5 and last["config"]["cluster"]["launcher"] == "debug"
+    assert all(torch.equal(last["model"][k], v) for k, v in weights(run_dir).items())
     table = json.loads((run_dir / "rank_table.json").read_text())
     assert len(table) == 1 and table[0]["source"] == "single"
     assert weights(run_dir)
