@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+import shlex
+import signal as _signal
+import warnings
 from collections.abc import Mapping
+from dataclasses import MISSING as MISSING_FACTORY
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +45,9 @@ __all__ = [
 ]
 
 
+_SIGNALS = {s.name.removeprefix("SIG") for s in _signal.Signals if s.name.startswith("SIG") and "_" not in s.name}
+
+
 class _Checked:
     """Mixin: ``self._require(ok, field, rule, hint)`` raises a ConfigError naming ``<group>.<field>``."""
 
@@ -62,32 +70,115 @@ class _Checked:
         )
 
 
-LAUNCHERS = ("local", "debug")
+LAUNCHERS = ("local", "debug", "slurm")
+SUBMIT_MODES = ("submitit", "sbatch")
+GPU_BINDINGS = ("node", "task")
+# sbatch flags hpc_train sets itself from the keys named here; cluster.sbatch_args may not set them.
+MANAGED_SBATCH_FLAGS = {
+    "nodes": "cluster.nodes",
+    "ntasks": "cluster.nodes and cluster.tasks_per_node",
+    "ntasks-per-node": "cluster.tasks_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus-per-task": "cluster.gpu_binding=task",
+    "gres": "cluster.gpus_per_node",
+    "mem": "cluster.mem",
+    "time": "cluster.timeout_min",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "exclude": "cluster.exclude",
+    "job-name": "cluster.job_name",
+    "signal": "cluster.signal and cluster.signal_lead_s",
+    "array": "a multirun (-m) sweep",
+    "output": "the run directory",
+    "error": "the run directory",
+    "open-mode": "the run directory",
+    "wrap": "the generated script",
+}
+_SLURM_ONLY = (
+    "submit",
+    "dry_run",
+    "wait",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclude",
+    "mem",
+    "gpu_binding",
+    "sbatch_args",
+    "setup",
+    "srun_args",
+    "array_parallelism",
+)
 
 
 @dataclass
 class ClusterConfig(_Checked):
-    """Where and how wide the job runs."""
+    """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
 
     _group: ClassVar[str] = "cluster"
 
     launcher: str = "local"
-    """local: processes on this machine via submitit's LocalExecutor; debug: in this process (pdb works)."""
+    """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
     nodes: int = 1
     """Number of nodes."""
-    tasks_per_node: int = 2
-    """Processes (ranks) per node."""
+    tasks_per_node: int = 0
+    """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs."""
     gpus_per_node: int = 0
     """GPUs per node; 0 runs on CPU with gloo."""
     cpus_per_task: int = 1
     """CPU cores per rank; also the number of torch threads each rank uses."""
     timeout_min: float = 60.0
-    """Wall-clock limit of the job; the launcher ends it after this."""
+    """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
     failure_grace_s: float = 15.0
     """After one rank fails, how long the others get to exit on their own before they are killed."""
+    # ---- Slurm only ----
+    submit: str = "submitit"
+    """submitit: through submitit's SlurmExecutor; sbatch: a standalone script in the run dir, submitted with sbatch."""
+    dry_run: bool = False
+    """Write and print the sbatch script and the expected rank table; submit nothing."""
+    wait: bool = False
+    """Follow rank 0's log until the job ends and exit with its outcome (default: print the job id and return)."""
+    partition: str = ""
+    """Slurm partition ('' = the cluster's default)."""
+    account: str = ""
+    """Account to charge ('' = your default)."""
+    qos: str = ""
+    """Quality of service ('' = default)."""
+    constraint: str = ""
+    """Node features required, e.g. 'a100&ib' ('' = none)."""
+    exclude: str = ""
+    """Nodes to avoid, as a hostlist ('' = none)."""
+    mem: str = ""
+    """Memory per node, e.g. '64G'; '0' asks for all of it ('' = the cluster's default)."""
+    job_name: str = "hpc_train"
+    """Job name shown by squeue."""
+    gpu_binding: str = "node"
+    """node: every task sees all GPUs of its node and takes cuda:<local rank>; task: one GPU per task (--gpus-per-task=1)."""
+    sbatch_args: dict[str, str] = field(default_factory=dict)
+    """Extra sbatch flags without the dashes, e.g. {mail-type: END}; '' as a value gives a bare flag."""
+    setup: list[str] = field(default_factory=list)
+    """Commands run before srun, e.g. 'module load cuda/12.4' or 'source /path/venv/bin/activate'. Each line is
+    split into words like a shell would and every word is quoted: no $VAR expansion, pipes or ';' (call a script
+    of your own for those)."""
+    srun_args: list[str] = field(default_factory=list)
+    """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
+    srun_wait_s: int = 60
+    """srun --wait: after the first task ends, the others get this long before srun kills them."""
+    signal: str = "USR2"
+    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1)."""
+    signal_lead_s: int = 90
+    """How long before the time limit the signal comes."""
+    array_parallelism: int = 0
+    """For sweeps: how many array elements may run at once (0: no limit)."""
 
     def __post_init__(self) -> None:
         self._one_of("launcher", LAUNCHERS)
+        if self.tasks_per_node == 0:
+            self.tasks_per_node = self.gpus_per_node or 1
         for key in ("nodes", "tasks_per_node", "cpus_per_task"):
             self._require(getattr(self, key) >= 1, key, "must be at least 1", f"set cluster.{key}=1 or more")
         self._require(
@@ -102,8 +193,9 @@ class ClusterConfig(_Checked):
                 self.nodes == 1,
                 "nodes",
                 f"the {self.launcher} launcher runs on this machine only",
-                "set cluster.nodes=1 (multi-node runs need a Slurm launcher)",
+                "set cluster.nodes=1, or use cluster=slurm for several nodes",
             )
+            self._warn_ignored()
         if self.launcher == "debug":
             self._require(
                 self.tasks_per_node == 1,
@@ -111,6 +203,72 @@ class ClusterConfig(_Checked):
                 "the debug launcher runs one process, in the foreground, for pdb",
                 "set cluster.tasks_per_node=1, or use cluster=local for several ranks",
             )
+        if self.launcher == "slurm":
+            self._check_slurm()
+
+    def _check_slurm(self) -> None:
+        self._one_of("submit", SUBMIT_MODES)
+        self._one_of("gpu_binding", GPU_BINDINGS)
+        if self.gpus_per_node:
+            self._require(
+                self.tasks_per_node <= self.gpus_per_node,
+                "tasks_per_node",
+                f"{self.tasks_per_node} tasks per node would share {self.gpus_per_node} GPUs (NCCL needs one GPU per rank)",
+                f"set cluster.tasks_per_node={self.gpus_per_node} (or 0 for one task per GPU)",
+            )
+        if self.gpu_binding == "task":
+            self._require(
+                self.gpus_per_node > 0 and self.tasks_per_node == self.gpus_per_node,
+                "gpu_binding",
+                "per-task binding gives each of tasks_per_node tasks one of gpus_per_node GPUs, so both must be equal and > 0",
+                "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.gpu_binding=node",
+            )
+        self._require(
+            not self.mem or re.fullmatch(r"\d+[KMGT]?B?", self.mem, flags=re.I) is not None,
+            "mem",
+            "must be a size such as 500M, 64G or 0 (all of the node's memory)",
+            "e.g. cluster.mem=64G",
+        )
+        self._require(
+            self.signal.upper().removeprefix("SIG") in _SIGNALS,
+            "signal",
+            f"must be a signal name such as {', '.join(sorted(_SIGNALS))}",
+            "e.g. cluster.signal=USR2",
+        )
+        lead_ok = 0 <= self.signal_lead_s < self.timeout_min * 60
+        self._require(
+            lead_ok,
+            "signal_lead_s",
+            "must be at least 0 and shorter than the time limit",
+            "e.g. cluster.signal_lead_s=90",
+        )
+        for key in ("srun_wait_s", "array_parallelism"):
+            self._require(getattr(self, key) >= 0, key, "must be 0 or more", f"e.g. cluster.{key}=0")
+        for flag in self.sbatch_args:
+            managed = MANAGED_SBATCH_FLAGS.get(flag)
+            self._require(managed is None, "sbatch_args", f"--{flag} is set by hpc_train", f"use {managed} instead")
+            self._require(
+                re.fullmatch(r"[a-z][a-z0-9-]*", flag) is not None,
+                "sbatch_args",
+                f"{flag!r} is not an sbatch flag name",
+                "give flag names without dashes, e.g. cluster.sbatch_args={mail-type: END}",
+            )
+        for line in self.setup:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                words, problem = [], str(exc)
+            else:
+                problem = "it is empty"
+            self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+
+    def _warn_ignored(self) -> None:
+        defaults = ClusterConfig.__dataclass_fields__
+        for key in _SLURM_ONLY:
+            default = defaults[key]
+            value = default.default if default.default_factory is MISSING_FACTORY else default.default_factory()
+            if getattr(self, key) != value:
+                warnings.warn(f"cluster.{key} is ignored by cluster.launcher={self.launcher}", stacklevel=2)
 
     @property
     def world_size(self) -> int:
@@ -457,6 +615,9 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    # Multirun sweeps go through hpc_train's launcher: one Slurm array, or local runs one after another.
+    launcher = {"_target_": "hydra_plugins.hpc_train_launcher.launcher.HpcTrainLauncher"}
+    cs.store(group="hydra/launcher", name="hpc_train", node=launcher, provider="hpc_train")
     for name, schema in MODEL_SCHEMAS.items():
         cs.store(group="model", name=f"schema_{name}", node=schema)
     for name, schema in OPTIM_SCHEMAS.items():

@@ -97,6 +97,11 @@ class RunDir:
         return self.logs / f"rank_{rank}.log"
 
     @property
+    def job_record(self) -> Path:
+        """What the scheduler was asked for: job id, array index, script, Slurm output file (Slurm runs only)."""
+        return self.path / "job.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 

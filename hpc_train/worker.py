@@ -33,9 +33,16 @@ def run(run_dir: str | Path) -> None:
         _train(rd, env)
     except BaseException as exc:
         tail = "".join(traceback.format_exception(exc)[-12:])
-        rd.write_status(env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail)
+        rd.write_status(
+            env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail, step=_last_step(rd, env)
+        )
         raise
-    rd.write_status(env.rank, "completed")
+    rd.write_status(env.rank, "completed", step=_last_step(rd, env))
+
+
+def _last_step(rd: RunDir, env: DistEnv) -> int:
+    """The step this rank last reported (its heartbeat), kept in its final status."""
+    return int(rd.read_statuses().get(env.rank, {}).get("step", 0))
 
 
 def _train(rd: RunDir, env: DistEnv) -> None:

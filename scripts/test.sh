@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# The full check: set up, lint, type-check, then every test.
+# The full check: set up, lint, type-check, start the Slurm testbed, run every test (unit, local multi-process
+# runs, real-Slurm integration). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$SECONDS
 scripts/setup.sh
-# scontrol lets the tests compare expand_hostlist with Slurm's own expansion.
-if ! command -v scontrol >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test: installing slurm-client (scontrol)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-client >/dev/null
-fi
-.venv/bin/ruff check hpc_train tests
-.venv/bin/ruff format --check hpc_train tests
+.venv/bin/ruff check hpc_train hydra_plugins tests
+.venv/bin/ruff format --check hpc_train hydra_plugins tests
 .venv/bin/mypy
+
+# The integration tests need the testbed (root, apt). Start it here, and stop it afterwards if we started it.
+started_testbed=0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    slurm/testbed.sh install
+    if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
+        slurm/testbed.sh start
+        started_testbed=1
+    fi
+else
+    echo "test: not root or no apt-get: the Slurm integration tests will be skipped" >&2
+fi
+stop_testbed() { [ "$started_testbed" = 1 ] && slurm/testbed.sh stop || true; }
+trap stop_testbed EXIT
+
 .venv/bin/python -m pytest "$@"
+echo "test: finished in $((SECONDS - t0))s"

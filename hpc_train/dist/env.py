@@ -285,12 +285,12 @@ def resolve_environment(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Resolve rank, world size, nodes and rendezvous address of this process.
 
     ``environ`` defaults to ``os.environ``. Precedence: torchrun > Slurm step > submitit local > single
-    process; the chosen source and why it was chosen are logged at INFO level.
+    process; the chosen source and why it was chosen are logged (DEBUG here; the worker logs it at INFO).
     """
     env = os.environ if environ is None else environ
     source, why = detect_source(env)
     dist_env = _RESOLVERS[source](_Vars(env, source, why), socket.gethostname())
-    log.info(
+    log.debug(
         "rank resolution: source=%s (%s): rank %d/%d, local rank %d/%d, node %d/%d, master %s:%d",
         source,
         why,

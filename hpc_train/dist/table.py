@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.dist.env import DistEnv
+from hpc_train.textutil import format_table
 
 __all__ = ["RankRow", "format_rank_table", "gather_rank_table"]
 
@@ -66,8 +67,4 @@ _COLUMNS = [
 
 def format_rank_table(rows: list[RankRow]) -> str:
     """A fixed-width text table of ``rows``."""
-    cells = [[title for _, title in _COLUMNS]]
-    cells += [[str(getattr(row, key)) for key, _ in _COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells]
-    return "\n".join(lines)
+    return format_table([title for _, title in _COLUMNS], [[getattr(row, key) for key, _ in _COLUMNS] for row in rows])

@@ -14,6 +14,7 @@ __all__ = ["launch"]
 def launch(cfg: Config, run_dir: RunDir) -> int:
     """Start the job with the launcher ``cfg.cluster.launcher`` names; returns the exit code for the CLI."""
     from hpc_train.launch.local import launch_debug, launch_local
+    from hpc_train.launch.slurm import launch_slurm
 
-    launchers = {"local": launch_local, "debug": launch_debug}
+    launchers = {"local": launch_local, "debug": launch_debug, "slurm": launch_slurm}
     return launchers[cfg.cluster.launcher](cfg, run_dir)

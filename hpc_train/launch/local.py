@@ -24,7 +24,7 @@ from hpc_train import worker
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.rundir import RunDir
 
-__all__ = ["launch_debug", "launch_local"]
+__all__ = ["Tail", "follow", "launch_debug", "launch_local"]
 
 POLL_S = 0.2
 
@@ -66,7 +66,7 @@ def _signals_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Tail:
+class Tail:
     """Copies what a growing file gains to a stream."""
 
     def __init__(self, path: Path, out: IO[str]) -> None:
@@ -137,7 +137,7 @@ def _stop(job: LocalJob[Any], timeout_s: float = 15.0) -> None:
 def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
     """Stream rank 0's output until the job ends; 0 when every rank completed, else 1 (130 on Ctrl-C)."""
     paths = [JobPaths(run_dir.submitit, job.job_id, rank) for rank in range(cluster.world_size)]
-    tails = [_Tail(paths[0].stdout, sys.stdout), _Tail(paths[0].stderr, sys.stderr)]
+    tails = [Tail(paths[0].stdout, sys.stdout), Tail(paths[0].stderr, sys.stderr)]
     deadline = time.monotonic() + cluster.timeout_min * 60 + 30  # the controller enforces the limit first
     failed_since: float | None = None
     reason = ""

@@ -127,6 +127,8 @@ class Trainer:
             or (end_of_epoch and tc.val_every_n_epochs > 0 and (self.epoch + 1) % tc.val_every_n_epochs == 0)
         )
         if last or validate or self.step % tc.log_every_n_steps == 0:
+            # Heartbeat for `python -m hpc_train.jobs status`: where each rank was last seen.
+            self.run_dir.write_status(self.env.rank, "running", step=self.step)
             row = self._close_window()
             if validate:
                 row |= self.validate()

@@ -288,7 +288,7 @@ def test_none_reads_os_environ() -> None:
 
 
 def test_source_and_reason_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="hpc_train.dist.env"):
+    with caplog.at_level(logging.DEBUG, logger="hpc_train.dist.env"):
         resolve_environment(torchrun_worker(0))
     assert "source=torchrun (TORCHELASTIC_RUN_ID is set)" in caplog.text
 

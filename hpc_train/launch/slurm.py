@@ -1,0 +1,188 @@
+"""``cluster=slurm``: submit one job (or one array for a sweep) and return, or follow it with ``cluster.wait``.
+
+Two ways to submit, same resources: ``cluster.submit=submitit`` (submitit's SlurmExecutor pickles a call of
+``hpc_train.worker.run``) and ``cluster.submit=sbatch`` (the standalone script in the run dir, ``sbatch``-ed).
+Either way the generated script is checked with ``sbatch --test-only`` first where sbatch exists, so a wrong
+partition or an impossible request fails here, before anything is queued.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc_train.config import Config
+from hpc_train.errors import LaunchError
+from hpc_train.launch.sbatch import (
+    JobSpec,
+    emulate_rank_table,
+    format_emulated_table,
+    job_spec,
+    quoted_setup,
+    render_sbatch,
+    srun_argv,
+)
+from hpc_train.launch.state import job_state
+from hpc_train.rundir import RunDir, atomic_write, write_json_atomic
+
+__all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
+
+POLL_S = 1.0
+SUBMIT_TIMEOUT_S = 60
+
+
+def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
+    """Submit the job of ``run_dir`` (or print it, with ``cluster.dry_run``); follow it with ``cluster.wait``."""
+    job_ids = submit_slurm(cfg, [run_dir], log_dir=run_dir.logs)
+    if not job_ids:
+        return 0
+    print(f"hpc_train: submitted Slurm job {job_ids[0]}. Run dir: {run_dir.path}")
+    print(f"  status:  python -m hpc_train.jobs status {run_dir.path}")
+    print(f"  logs:    python -m hpc_train.jobs logs {run_dir.path} --follow   (rank 0; --rank N for another)")
+    print(f"  cancel:  python -m hpc_train.jobs cancel {run_dir.path}", flush=True)
+    if cfg.cluster.wait:
+        return follow_slurm(run_dir, cfg.cluster.world_size, limit_s=cfg.cluster.timeout_min * 60 + 600)
+    return 0
+
+
+def submit_slurm(
+    cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
+) -> list[str]:
+    """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs)."""
+    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir)
+    script = (run_dirs[0].path if len(run_dirs) == 1 else log_dir) / "job.sbatch"
+    log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
+    text = render_sbatch(spec)
+    atomic_write(script, lambda f: f.write(text.encode()))
+    if cfg.cluster.dry_run:
+        _print_dry_run(cfg, text, script)
+        return []
+    _test_only(script)
+    if cfg.cluster.submit == "sbatch":
+        array_id, outputs = _submit_sbatch(script, spec)
+    else:
+        array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
+    job_ids = [f"{array_id}_{i}" for i in range(len(run_dirs))] if spec.is_array else [array_id]
+    for i, rd in enumerate(run_dirs):
+        record = {
+            "scheduler": "slurm",
+            "submit": cfg.cluster.submit,
+            "job_id": job_ids[i],
+            "array_job_id": array_id if spec.is_array else None,
+            "array_index": i if spec.is_array else None,
+            "script": str(script),
+            "slurm_output": outputs[i],
+            "world_size": cfg.cluster.world_size,
+            "overrides": list(overrides[i]) if overrides else [],
+            "submitted": time.time(),
+        }
+        write_json_atomic(rd.job_record, record)
+    return job_ids
+
+
+def _print_dry_run(cfg: Config, text: str, script: Path) -> None:
+    print(f"hpc_train: dry run; nothing submitted. Script written to {script}:\n")
+    print(text)
+    print(f"Expected ranks ({cfg.cluster.nodes} nodes x {cfg.cluster.tasks_per_node} tasks; node names are")
+    print("placeholders and the port is the one job id 12345 would get: each job derives its own):")
+    print(format_emulated_table(emulate_rank_table(cfg.cluster)), flush=True)
+
+
+def _command(argv: list[str], what: str) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"{what} did not answer within {SUBMIT_TIMEOUT_S}s: {' '.join(argv)}") from None
+    if proc.returncode != 0:
+        raise LaunchError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout + proc.stderr
+
+
+def _test_only(script: Path) -> None:
+    """Let Slurm judge the request without queuing it (bad partition, account, too many nodes...)."""
+    if shutil.which("sbatch") is None:
+        return
+    _command(["sbatch", "--test-only", str(script)], f"sbatch --test-only {script} (the request was not submitted)")
+
+
+def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
+    if shutil.which("sbatch") is None:
+        raise LaunchError(
+            "sbatch is not on PATH. HINT: submit from a login node, or use cluster.dry_run=true to write the script"
+        )
+    out = _command(["sbatch", "--parsable", str(script)], "sbatch")
+    job_id = out.strip().split(";")[0].splitlines()[-1]
+    if spec.is_array:
+        outputs = [spec.output.replace("%A", job_id).replace("%a", str(i)) for i in range(len(spec.run_dirs))]
+    else:
+        outputs = [spec.output.replace("%j", job_id)]
+    return job_id, outputs
+
+
+def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log_dir: Path) -> tuple[str, list[str]]:
+    import submitit
+
+    from hpc_train import worker
+
+    cluster = cfg.cluster
+    folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / "submitit"
+    executor = submitit.SlurmExecutor(folder=folder, python=spec.python, max_num_timeout=0)
+    flags = dict(spec.flags)
+    params: dict[str, Any] = {
+        "nodes": cluster.nodes,
+        "ntasks_per_node": cluster.tasks_per_node,
+        "cpus_per_task": cluster.cpus_per_task,
+        "time": int(flags.pop("time") or 1),
+        "job_name": cluster.job_name,
+        "setup": quoted_setup(cluster),
+        "srun_args": srun_argv(cluster)[1:],
+        "array_parallelism": cluster.array_parallelism or len(run_dirs),
+    }
+    for key in ("nodes", "ntasks-per-node", "cpus-per-task", "job-name"):
+        flags.pop(key)
+    # signal, GPUs, partition, account, ... and cluster.sbatch_args; submitit writes True as a bare flag.
+    params["additional_parameters"] = {k: True if v is None else v for k, v in flags.items()}
+    executor.update_parameters(**params)
+    try:
+        if len(run_dirs) == 1:
+            jobs = [executor.submit(worker.run, str(run_dirs[0].path))]
+        else:
+            jobs = executor.map_array(worker.run, [str(rd.path) for rd in run_dirs])
+    except Exception as exc:
+        raise LaunchError(f"submitit could not submit the job: {exc}") from exc
+    array_id = jobs[0].job_id.split("_")[0]
+    return array_id, [str(job.paths.stdout).replace("%t", "0") for job in jobs]
+
+
+def follow_slurm(run_dir: RunDir, world_size: int, limit_s: float, rank: int = 0) -> int:
+    """Print the rank's log as it grows until the job ends; 0 when it completed, 1 otherwise."""
+    from hpc_train.launch.local import Tail
+
+    tail = Tail(run_dir.rank_log(rank), sys.stdout)
+    deadline = time.monotonic() + limit_s
+    last = ""
+    while True:
+        tail.pump()
+        state = job_state(run_dir, world_size)
+        if state.state != last:
+            print(f"hpc_train: job {state.job_id} is {state.state}", file=sys.stderr, flush=True)
+            last = state.state
+        if state.done:
+            tail.pump()
+            verdict = "completed" if state.ok else f"ended {state.state}"
+            stream = sys.stdout if state.ok else sys.stderr
+            print(f"hpc_train: job {state.job_id} {verdict}. {state.detail}. Run dir: {run_dir.path}", file=stream)
+            return 0 if state.ok else 1
+        if time.monotonic() > deadline:
+            print(
+                f"hpc_train: stopped following after {limit_s:.0f}s; job {state.job_id} goes on ({state.state}). "
+                f"Follow it with: python -m hpc_train.jobs logs {run_dir.path} --follow",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(POLL_S)

@@ -1,0 +1,149 @@
+"""The state of a run, reconciled from squeue, sacct (when it works) and the files the ranks write.
+
+sacct alone is not enough: clusters without accounting exist, slurmdbd can be down, and a rank killed with
+SIGKILL never writes a result. So the ranks' own status files come first (a rank that completed or failed says
+so), the scheduler's view next, and a job the scheduler no longer knows is judged from what is on disk.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hpc_train.rundir import RunDir, read_json
+
+__all__ = ["ACTIVE_STATES", "JobState", "job_state", "sacct_state", "squeue_state"]
+
+# Slurm states of a job that has not ended yet.
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SUSPENDED",
+        "STAGE_OUT",
+        "SIGNALING",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+    }
+)
+COMMAND_TIMEOUT_S = 20
+
+
+@dataclass
+class JobState:
+    """One run's state and why we believe it."""
+
+    state: str
+    """A Slurm state name (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...) or ENDED/UNKNOWN."""
+    done: bool
+    ok: bool
+    job_id: str = ""
+    detail: str = ""
+    squeue: str | None = None
+    sacct: str | None = None
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def squeue_state(job_id: str) -> str | None:
+    """The job's state as squeue reports it, None when squeue does not list it (or cannot be asked)."""
+    proc = _run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"])
+    if proc is None or proc.returncode != 0:
+        return None
+    states = proc.stdout.split()
+    return states[0] if states else None
+
+
+def sacct_state(job_id: str) -> str | None:
+    """The job's state from accounting, None where sacct is missing, disabled or cannot reach slurmdbd."""
+    proc = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"])
+    if proc is None or proc.returncode != 0:
+        return None
+    states = proc.stdout.split("\n")[0].split()  # "CANCELLED by 0" -> CANCELLED
+    return states[0] if states else None
+
+
+def _failures(statuses: dict[int, dict[str, Any]]) -> list[str]:
+    return [
+        f"rank {rank} on {s.get('host', '?')} failed: {s.get('error', '?')}"
+        for rank, s in sorted(statuses.items(), key=lambda kv: kv[1].get("time", 0))
+        if s.get("state") == "failed"
+    ]
+
+
+def _silent(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
+    """Ranks that were running (or never started) when the job ended: killed, or never got to report."""
+    silent = []
+    for rank in range(world_size):
+        s = statuses.get(rank)
+        if s is None:
+            silent.append(f"rank {rank} never started")
+        elif s.get("state") in ("starting", "running"):
+            step = f" after step {s['step']}" if "step" in s else ""
+            silent.append(f"rank {rank} on {s.get('host', '?')} stopped reporting{step} (killed, or out of memory?)")
+    return silent
+
+
+def job_state(run_dir: RunDir, world_size: int) -> JobState:
+    """Reconcile every source into one state for the run in ``run_dir``."""
+    record = read_json(run_dir.job_record) or {}
+    job_id = str(record.get("job_id", ""))
+    statuses = run_dir.read_statuses()
+    squeue = squeue_state(job_id) if job_id else None
+    sacct = sacct_state(job_id) if job_id else None
+    base = JobState("UNKNOWN", done=False, ok=False, job_id=job_id, squeue=squeue, sacct=sacct, ranks=statuses)
+
+    def verdict(state: str, done: bool, ok: bool = False, detail: str = "") -> JobState:
+        return replace(base, state=state, done=done, ok=ok, detail=detail)
+
+    if all(statuses.get(rank, {}).get("state") == "completed" for rank in range(world_size)):
+        return verdict("COMPLETED", done=True, ok=True, detail="every rank completed")
+    failures = _failures(statuses)
+    if squeue in ACTIVE_STATES:
+        detail = "; ".join(failures) if failures else ""
+        return verdict(squeue, done=False, ok=False, detail=detail)
+    scheduler = squeue or sacct
+    silent = _silent(statuses, world_size)
+    batch = read_json(run_dir.status_dir / "batch_exit.json") or {}
+    reasons = silent + failures
+    if "exit_code" in batch:
+        reasons.append(f"srun exited with status {batch['exit_code']}")
+    if scheduler is not None:
+        if scheduler == "COMPLETED":  # the scheduler saw a clean exit, but not every rank finished its work
+            return verdict("FAILED", done=True, ok=False, detail="; ".join(["Slurm says COMPLETED", *reasons]))
+        return verdict(scheduler, done=True, ok=False, detail="; ".join(reasons))
+    if not job_id:
+        return _without_scheduler(statuses, reasons, verdict)
+    # Not in squeue, no accounting: the job has ended (or its id is wrong).
+    if not statuses and not batch:
+        return verdict("ENDED", done=True, detail="Slurm no longer lists the job and no rank ever started")
+    return verdict("FAILED", done=True, detail="; ".join(reasons) or "ended before every rank completed")
+
+
+def _without_scheduler(
+    statuses: dict[int, dict[str, Any]], reasons: list[str], verdict: Callable[..., JobState]
+) -> JobState:
+    """A run with no scheduler job (a local run): the ranks' files are all there is."""
+    if any(s.get("state") == "failed" for s in statuses.values()):
+        return verdict("FAILED", done=True, detail="; ".join(reasons))
+    if statuses:
+        return verdict("RUNNING?", done=False, detail="local run; ranks last reported running")
+    return verdict("UNKNOWN", done=False, detail="no job id and no rank status in this run dir")

@@ -1,0 +1,109 @@
+"""Multirun (``-m``) sweeps: one Slurm job array for ``cluster=slurm``, one job after another otherwise.
+
+Every element is composed and validated before anything is submitted, gets its own run directory (Hydra's
+sweep dir / subdir) with its own ``config.yaml``, and the whole sweep is submitted once, so the command returns
+as soon as Slurm has the array (hydra#2479: sweeps that block the terminal until every job ends).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, open_dict
+
+from hpc_train.config import Config, config_from_dict
+from hpc_train.errors import ConfigError
+from hpc_train.rundir import RunDir
+
+__all__ = ["launch_sweep"]
+
+
+def _element_configs(
+    hydra_context: HydraContext, config: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[DictConfig]:
+    configs = []
+    for index, overrides in enumerate(job_overrides):
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = f"{initial_job_idx + index}"
+            sweep_config.hydra.job.num = initial_job_idx + index
+        configs.append(sweep_config)
+    return configs
+
+
+def _run_dir(sweep_config: DictConfig) -> RunDir:
+    HydraConfig.instance().set_config(sweep_config)  # resolves ${hydra.job.num} and friends in the subdir
+    return RunDir(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
+
+
+def launch_sweep(
+    hydra_context: HydraContext,
+    task_function: TaskFunction,
+    config: DictConfig,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> list[JobReturn]:
+    """Hydra's Launcher.launch for hpc_train."""
+    setup_globals()
+    sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
+    try:
+        typed = [config_from_dict(c) for c in sweep_configs]
+    except ConfigError as exc:
+        print(f"hpc_train: config error in the sweep, nothing was submitted: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if typed and typed[0].cluster.launcher == "slurm":
+        return _submit_array(typed, sweep_configs, job_overrides)
+    # Local sweeps run one after another, each exactly like a single `python -m hpc_train` run.
+    returns = []
+    for sweep_config in sweep_configs:
+        returns.append(
+            run_job(
+                hydra_context=hydra_context,
+                task_function=task_function,
+                config=sweep_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        )
+    return returns
+
+
+def _submit_array(
+    typed: list[Config], sweep_configs: list[DictConfig], job_overrides: Sequence[Sequence[str]]
+) -> list[JobReturn]:
+    from hpc_train.__main__ import write_config
+    from hpc_train.launch.slurm import submit_slurm
+
+    first = asdict(typed[0].cluster)
+    for index, cfg in enumerate(typed[1:], start=1):
+        differing = sorted(k for k, v in asdict(cfg.cluster).items() if first[k] != v)
+        if differing:
+            raise ConfigError(
+                f"sweep element {index} asks for different resources (cluster.{differing[0]}), but one Slurm array "
+                "shares one request. HINT: sweep cluster.* keys in separate commands."
+            )
+    run_dirs = [_run_dir(c) for c in sweep_configs]
+    for cfg, rd in zip(typed, run_dirs, strict=True):
+        write_config(cfg, rd)
+    sweep_dir = Path(str(sweep_configs[0].hydra.sweep.dir))
+    job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
+    if job_ids:
+        array_id = job_ids[0].split("_")[0]
+        print(f"hpc_train: submitted {len(job_ids)} runs as Slurm job array {array_id}. Sweep dir: {sweep_dir}")
+        print(f"  collect: python -m hpc_train.jobs collect {sweep_dir}")
+        print(f"  cancel:  python -m hpc_train.jobs cancel {array_id}", flush=True)
+    returns = []
+    for index, (sweep_config, overrides) in enumerate(zip(sweep_configs, job_overrides, strict=True)):
+        ret = JobReturn(
+            overrides=list(overrides), cfg=sweep_config, hydra_cfg=sweep_config, working_dir=str(run_dirs[index].path)
+        )
+        ret.status = JobStatus.COMPLETED
+        ret.return_value = job_ids[index] if job_ids else None
+        returns.append(ret)
+    return returns

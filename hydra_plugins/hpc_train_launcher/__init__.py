@@ -1,0 +1,1 @@
+"""Hydra launcher plugin of hpc_train (Hydra only loads launchers from the ``hydra_plugins`` namespace)."""

@@ -1,0 +1,57 @@
+"""The real Slurm testbed (slurm/testbed.sh): started by scripts/test.sh, checked (and started if need be) here."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import REPO
+
+TESTBED = REPO / "slurm" / "testbed.sh"
+
+
+def _nodes_idle() -> bool:
+    proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20, check=False)
+    return proc.returncode == 0 and set(proc.stdout.split()) == {"idle"}
+
+
+@pytest.fixture(scope="session")
+def testbed() -> None:
+    """Skip (saying why) where a testbed cannot exist; otherwise make sure it is up and idle."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm testbed needs root (it starts daemons and network namespaces)")
+    if shutil.which("slurmctld") is None:
+        if shutil.which("apt-get") is None:
+            pytest.skip("Slurm is not installed and apt-get is missing: cannot install the testbed")
+        subprocess.run([str(TESTBED), "install"], check=True, timeout=900)
+    if not _nodes_idle():
+        subprocess.run([str(TESTBED), "start"], check=True, timeout=300)
+    deadline = time.monotonic() + 60
+    while not _nodes_idle():
+        assert time.monotonic() < deadline, "testbed nodes did not become idle"
+        time.sleep(0.5)
+
+
+def wait_for_job(job_id: str, timeout: float = 180) -> str:
+    """Poll until Slurm reports the job (or every array element) ended; returns the last state seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        states = set(proc.stdout.split())
+        active = states & {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+        if states and not active:
+            return ",".join(sorted(states))
+        assert time.monotonic() < deadline, f"job {job_id} still {states} after {timeout}s"
+        time.sleep(0.5)
+
+
+def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)

@@ -1,0 +1,185 @@
+"""cluster=slurm against a real Slurm with two nodes (the testbed): submission, scripts, arrays, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_train.rundir import RunDir, read_json
+
+from .conftest import cli, wait_for_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
+
+TWO_BY_TWO = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "data.num_samples=4096", "model.hidden_sizes=[64]"]
+
+
+def assert_trained_on_two_hosts(run_dir: Path) -> None:
+    table = json.loads((run_dir / "rank_table.json").read_text())
+    assert [row["rank"] for row in table] == [0, 1, 2, 3]
+    assert len({row["host"] for row in table}) == 2, table
+    assert len({row["master"] for row in table}) == 1, "ranks disagree on MASTER_ADDR:PORT"
+    assert {row["source"] for row in table} == {"slurm"}
+    assert (run_dir / "model_final.pt").is_file()
+
+
+def test_submitit_two_nodes_by_two_tasks(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.wait=true", "trainer.max_steps=20", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert re.search(r"submitted Slurm job \d+", proc.stdout)
+    assert_trained_on_two_hosts(run_dir)
+    status = cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path)
+    assert json.loads(status.stdout)[0]["state"] == "COMPLETED"
+
+
+def test_returns_at_once_without_wait(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.submit=sbatch", "trainer.max_steps=10", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job_id = read_json(RunDir(run_dir).job_record)["job_id"]
+    assert f"python -m hpc_train.jobs logs {run_dir} --follow" in proc.stdout
+    follow = cli("hpc_train.jobs", "logs", str(run_dir), "--follow", "--timeout", "180", cwd=tmp_path)
+    assert follow.returncode == 0, follow.stderr[-2000:]
+    assert "saved" in follow.stdout and f"job {job_id} completed" in follow.stdout
+    assert_trained_on_two_hosts(run_dir)
+
+
+def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    dry = cli("hpc_train", *TWO_BY_TWO, "cluster.dry_run=true", "trainer.max_steps=10", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
+    assert not (run_dir / "job.json").exists()
+    script = run_dir / "job.sbatch"
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    assert wait_for_job(job_id) == "COMPLETED"
+    assert_trained_on_two_hosts(run_dir)
+    assert json.loads((run_dir / "status" / "batch_exit.json").read_text())["exit_code"] == 0
+
+
+def test_sweep_is_one_array(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *TWO_BY_TWO, "trainer.max_steps=10", "trainer.lr=1e-3,3e-3,1e-2", "cluster.array_parallelism=2"]
+    start = time.monotonic()
+    proc = cli("hpc_train", *args, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - start < 30, "the sweep command waited for its jobs"
+    array_id = re.search(r"Slurm job array (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
+    squeue = subprocess.run(["squeue", "-h", "-r", "-o", "%F", "-j", array_id], capture_output=True, text=True).stdout.split()
+    assert set(squeue) <= {array_id}
+    assert "--array=0-2%2" in (sweep_dir / "slurm" / "job.sbatch").read_text()
+    wait_for_job(array_id)
+    sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", array_id, "-o", "JobID,State"], capture_output=True, text=True).stdout
+    assert sorted(sacct.split()) == [f"{array_id}_{i}|COMPLETED" for i in range(3)]
+    collect = cli("hpc_train.jobs", "collect", str(sweep_dir), cwd=tmp_path)
+    rows = collect.stdout.splitlines()[1:]
+    assert [row.split()[1:4] for row in rows] == [
+        [f"trainer.lr={lr}", f"{array_id}_{i}", "COMPLETED"] for i, lr in enumerate(["0.001", "0.003", "0.01"])
+    ]
+    for i in range(3):
+        assert_trained_on_two_hosts(sweep_dir / str(i))
+
+
+def test_hostile_names_are_inert(tmp_path: Path) -> None:
+    """A job name, setup lines and a run-dir path full of shell syntax: submitted for real, nothing runs."""
+    hostile = "a$(touch x);`touch x`'q\"d"
+    conf = tmp_path / "conf" / "cluster"
+    conf.mkdir(parents=True)
+    # JSON is YAML: the values reach the config exactly as written here.
+    values = {
+        "launcher": "slurm",
+        "submit": "sbatch",
+        "wait": True,
+        "nodes": 2,
+        "tasks_per_node": 2,
+        "job_name": hostile,
+        "setup": [f"echo {shlex.quote(hostile)}", "echo $(touch x); `touch x`"],
+    }
+    (conf / "hostile.yaml").write_text(json.dumps(values))
+    run_dir = tmp_path / f"run {hostile}"
+    quoted_dir = "'" + str(run_dir).replace("'", "\\'") + "'"
+    args = ["--config-dir", str(tmp_path / "conf"), "cluster=hostile", *TWO_BY_TWO[3:], "trainer.max_steps=5"]
+    proc = cli("hpc_train", *args, f"hydra.run.dir={quoted_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    job_id = read_json(RunDir(run_dir).job_record)["job_id"]
+    # scontrol, not sacct: slurmdbd stores '"' in job names as '`'.
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    assert shown.splitlines()[0].split(" JobName=", 1)[1] == hostile
+    assert hostile in Path(read_json(RunDir(run_dir).job_record)["slurm_output"]).read_text()
+    assert not list(tmp_path.rglob("x")), "a hostile value was executed"
+    assert_trained_on_two_hosts(run_dir)
+
+
+def test_test_only_rejects_before_submission(tmp_path: Path) -> None:
+    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.partition=nosuchpartition", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "--test-only" in proc.stderr and "partition" in proc.stderr.lower(), proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "job.json").exists()
+
+
+def _rank_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = RunDir(run_dir).read_statuses().get(rank, {})
+        if status.get("state") == "running" and status.get("step", 0) >= 1:
+            return int(status["pid"])
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never reported a step")
+
+
+def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
+    testbed = Path(__file__).resolve().parents[2] / "slurm" / "testbed.sh"
+    subprocess.run([str(testbed), "stop-dbd"], check=True, timeout=60)
+    try:
+        assert subprocess.run(["sacct", "-n", "-X"], capture_output=True, timeout=30).returncode != 0, "sacct still works"
+        run_dir = tmp_path / "run"
+        slow = ["trainer.max_steps=100000", "trainer.log_every_n_steps=1", "cluster.submit=sbatch"]
+        proc = cli("hpc_train", *TWO_BY_TWO, *slow, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        pid = _rank_pid(run_dir, 3)
+        running = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
+        assert running["state"] == "RUNNING" and running["sacct"] is None
+        start = time.monotonic()
+        os.kill(pid, signal.SIGKILL)  # the testbed's nodes share this machine's pid namespace
+        job_id = read_json(RunDir(run_dir).job_record)["job_id"]
+        final = wait_for_job(job_id, timeout=90)
+        ended_after = time.monotonic() - start
+        status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
+        assert final in ("FAILED", "CANCELLED")
+        assert status["state"] in ("FAILED", "CANCELLED") and status["done"] and not status["ok"]
+        assert "rank 3 on node2 stopped reporting" in status["detail"], status
+        assert ended_after < 60, f"a SIGKILLed rank took {ended_after:.0f}s to end the job"
+    finally:
+        subprocess.run([str(testbed), "start-dbd"], check=True, timeout=60)
+
+
+def test_real_slurm_variables_resolve(tmp_path: Path) -> None:
+    """Uneven layout (3 tasks on 2 nodes) and the outside-a-step error, on real SLURM_* variables."""
+    probe = (
+        "import json; from hpc_train.dist import resolve_environment as r; e = r(); "
+        "print(json.dumps([e.rank, e.local_rank, e.local_world_size, e.node_rank, e.num_nodes, e.hostname, e.master_addr, e.master_port]))"
+    )
+    script = tmp_path / "probe.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks=3\n#SBATCH --output=" + str(tmp_path / "out-%j.txt") + "\n"
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} || echo OUTSIDE-STEP-REFUSED\n"
+        f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} -c {shlex.quote(probe)}\n"
+    )
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    assert wait_for_job(job_id) == "COMPLETED"
+    out = (tmp_path / f"out-{job_id}.txt").read_text()
+    assert "OUTSIDE-STEP-REFUSED" in out and "HINT: launch every task with srun" in out
+    rows = sorted(json.loads(line) for line in out.splitlines() if line.startswith("["))
+    assert [r[:5] for r in rows] == [[0, 0, 2, 0, 2], [1, 1, 2, 0, 2], [2, 0, 1, 1, 2]]
+    assert [r[5] for r in rows] == ["node1", "node1", "node2"]
+    assert len({(r[6], r[7]) for r in rows}) == 1 and rows[0][6] == "node1"

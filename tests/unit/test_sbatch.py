@@ -1,0 +1,157 @@
+"""The generated sbatch script: golden text, quoting that keeps hostile values inert, and the dry-run table."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpc_train.config import ClusterConfig
+from hpc_train.errors import ConfigError
+from hpc_train.launch.sbatch import emulate_rank_table, job_spec, render_sbatch
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+HOSTILE = "a$(touch x);`touch x`'q\"d"
+
+
+def slurm(**overrides: object) -> ClusterConfig:
+    return ClusterConfig(launcher="slurm", **overrides)  # type: ignore[arg-type]
+
+
+def golden_cluster() -> ClusterConfig:
+    return slurm(
+        nodes=2,
+        tasks_per_node=4,
+        gpus_per_node=4,
+        cpus_per_task=8,
+        mem="64G",
+        timeout_min=90.5,
+        partition="gpu",
+        account="proj42",
+        qos="high",
+        constraint="a100&ib",
+        exclude="node[07-08]",
+        job_name="lr sweep",
+        sbatch_args={"mail-type": "END", "exclusive": ""},
+        setup=["module load cuda/12.4", "source /opt/venvs/train/bin/activate"],
+        srun_args=["--cpu-bind=cores"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "cluster", "run_dirs"),
+    [
+        ("sbatch_2x4_gpu.sh", golden_cluster(), ["/scratch/me/outputs/2026-11-21/10-00-00.000000"]),
+        ("sbatch_array_cpu.sh", slurm(nodes=2, tasks_per_node=2, array_parallelism=2), ["/s/multirun/0", "/s/multirun/1", "/s/multirun/2"]),
+    ],
+)
+def test_golden(name: str, cluster: ClusterConfig, run_dirs: list[str]) -> None:
+    """The exact text users read; regenerate with HPC_TRAIN_UPDATE_GOLDEN=1 after an intended change."""
+    spec = job_spec(cluster, [Path(d) for d in run_dirs], Path("/scratch/me/logs"), python="/opt/venvs/train/bin/python")
+    text = render_sbatch(spec)
+    path = GOLDEN / name
+    if os.environ.get("HPC_TRAIN_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_flags_are_sorted_and_sections_in_order() -> None:
+    text = render_sbatch(job_spec(golden_cluster(), [Path("/r")], Path("/r/logs")))
+    flags = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert flags == sorted(flags)
+    sections = [line for line in text.splitlines() if line.startswith("# ---- ")]
+    assert sections == ["# ---- parameters ----", "# ---- setup ----", "# ---- command ----", "# ---- teardown ----"]
+
+
+def _fake_srun(bin_dir: Path, exit_code: int) -> None:
+    """An srun that records its arguments, one per line, and exits with ``exit_code``."""
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\nexit {exit_code}\n')
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_hostile_values_stay_inert_and_exit_code_is_kept(tmp_path: Path, exit_code: int) -> None:
+    run_dir = tmp_path / f"run {HOSTILE}"
+    (run_dir / "logs").mkdir(parents=True)
+    # One setup line quotes the hostile text, one leaves it bare: both must print it, neither may run it.
+    setup = [f"echo {shlex.quote(HOSTILE)}", "echo $(touch x); `touch x`"]
+    cluster = slurm(job_name=HOSTILE, setup=setup, srun_args=[f"--comment={HOSTILE}"])
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job_spec(cluster, [run_dir], run_dir / "logs", python="/usr/bin/python3")))
+    _fake_srun(tmp_path / "bin", exit_code)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SRUN_ARGS": str(tmp_path / "args")}
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == exit_code, proc.stderr
+    assert not list(tmp_path.rglob("x")), "a quoted value was executed"
+    assert proc.stdout.splitlines()[:2] == [HOSTILE, "echo $(touch x); `touch x`"[5:]]
+    args = (tmp_path / "args").read_text().splitlines()
+    assert args[-2:] == ["--run-dir", str(run_dir)]
+    assert f"--comment={HOSTILE}" in args and "--kill-on-bad-exit=1" in args
+    assert f'"exit_code": {exit_code}' in (run_dir / "status" / "batch_exit.json").read_text()
+
+
+def test_array_script_picks_its_run_dir(tmp_path: Path) -> None:
+    dirs = [tmp_path / f"{i} {HOSTILE}" for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job_spec(slurm(), dirs, tmp_path, python="/usr/bin/python3")))
+    _fake_srun(tmp_path / "bin", 0)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "2", "SRUN_ARGS": str(tmp_path / "args")}
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=30)
+    assert (tmp_path / "args").read_text().splitlines()[-1] == str(dirs[2])
+    assert "#SBATCH --array=0-2" in script.read_text()
+
+
+def test_emulated_rank_table_two_by_two() -> None:
+    rows = emulate_rank_table(slurm(nodes=2, tasks_per_node=2))
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in rows] == [(0, "node1", 0), (1, "node1", 1), (2, "node2", 0), (3, "node2", 1)]
+    assert len({r["master"] for r in rows}) == 1 and str(rows[0]["master"]).startswith("node1:")
+
+
+@pytest.mark.parametrize(("binding", "expected"), [("task", ["0", "1", "0", "1"]), ("node", ["0,1"] * 4)])
+def test_emulated_cuda_visible_devices(binding: str, expected: list[str]) -> None:
+    rows = emulate_rank_table(slurm(nodes=2, tasks_per_node=2, gpus_per_node=2, gpu_binding=binding))
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in rows] == expected
+
+
+def test_gpu_flags() -> None:
+    per_task = job_spec(slurm(gpus_per_node=4, gpu_binding="task"), [Path("/r")], Path("/r")).flags
+    per_node = job_spec(slurm(gpus_per_node=4), [Path("/r")], Path("/r")).flags
+    assert per_task["gpus-per-task"] == "1" and "gpus-per-node" not in per_task
+    assert per_node["gpus-per-node"] == "4" and per_node["ntasks-per-node"] == "4"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"sbatch_args": {"nodes": "3"}}, r"--nodes is set by hpc_train.*HINT: use cluster\.nodes"),
+        ({"sbatch_args": {"--mail-type": "END"}}, r"not an sbatch flag name"),
+        ({"mem": "lots"}, r"cluster\.mem='lots' is invalid"),
+        ({"gpus_per_node": 2, "tasks_per_node": 4}, r"4 tasks per node would share 2 GPUs"),
+        ({"gpu_binding": "task"}, r"per-task binding"),
+        ({"signal": "USR3"}, r"cluster\.signal='USR3'"),
+        ({"setup": ["echo 'unbalanced"]}, r"cannot split .*balance the quotes"),
+        ({"signal_lead_s": 7200, "timeout_min": 60}, r"shorter than the time limit"),
+        ({"submit": "qsub"}, r"cluster\.submit='qsub'"),
+    ],
+)
+def test_slurm_rules(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        slurm(**overrides)
+
+
+def test_tasks_per_node_defaults_to_gpus() -> None:
+    assert slurm(gpus_per_node=8).tasks_per_node == 8
+    assert slurm().tasks_per_node == 1
+
+
+def test_slurm_keys_on_local_launcher_warn() -> None:
+    with pytest.warns(UserWarning, match=r"cluster\.partition is ignored by cluster\.launcher=local"):
+        ClusterConfig(launcher="local", partition="gpu")
