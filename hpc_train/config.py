@@ -111,6 +111,7 @@ _SLURM_ONLY = (
     "sbatch_args",
     "setup",
     "srun_args",
+    "python",
     "array_parallelism",
 )
 
@@ -164,6 +165,8 @@ class ClusterConfig(_Checked):
     """Commands run before srun, e.g. 'module load cuda/12.4' or 'source /path/venv/bin/activate'. Each line is
     split into words like a shell would and every word is quoted: no $VAR expansion, pipes or ';' (call a script
     of your own for those)."""
+    python: str = ""
+    """The Python that runs the ranks on the compute nodes ('' = the one running `python -m hpc_train` now)."""
     srun_args: list[str] = field(default_factory=list)
     """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
     srun_wait_s: int = 60

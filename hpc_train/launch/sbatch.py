@@ -93,7 +93,7 @@ def job_spec(cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, py
         flags=sbatch_flags(cluster),
         setup=quoted_setup(cluster),
         srun=srun_argv(cluster),
-        python=python or sys.executable,
+        python=python or cluster.python or sys.executable,
         run_dirs=[Path(d) for d in run_dirs],
         output=str(log_dir / name),
         signal=cluster.signal.upper().removeprefix("SIG"),

@@ -8,7 +8,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2
 #SBATCH --open-mode=append
-#SBATCH --output=/scratch/me/logs/slurm-%A_%a.out
+#SBATCH --output=/s/multirun/slurm/slurm-%A_%a.out
 #SBATCH --signal=USR2@90
 #SBATCH --time=60
 
@@ -21,7 +21,7 @@ RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}
 # Slurm sends SIGUSR2 to the ranks before the time limit; `scancel --full` would also send it
 # here, where bash would die of it and lose srun's exit code. So this shell only notes it and keeps waiting.
 trap 'echo "hpc_train: batch shell got SIGUSR2; the ranks handle it" >&2' USR2
-srun --kill-on-bad-exit=1 --wait=60 --unbuffered /opt/venvs/train/bin/python -u -m hpc_train.worker --run-dir "$RUN_DIR" &
+srun --kill-on-bad-exit=1 --wait=60 --unbuffered /usr/bin/python3 -u -m hpc_train.worker --run-dir "$RUN_DIR" &
 srun_pid=$!
 while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done
 wait "$srun_pid"

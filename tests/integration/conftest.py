@@ -41,7 +41,9 @@ def wait_for_job(job_id: str, timeout: float = 180) -> str:
     """Poll until Slurm reports the job (or every array element) ended; returns the last state seen."""
     deadline = time.monotonic() + timeout
     while True:
-        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"], capture_output=True, text=True, timeout=20
+        )
         states = set(proc.stdout.split())
         active = states & {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
         if states and not active:
@@ -54,4 +56,6 @@ def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProc
     import sys
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )

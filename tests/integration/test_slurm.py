@@ -20,7 +20,13 @@ from .conftest import cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-TWO_BY_TWO = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "data.num_samples=4096", "model.hidden_sizes=[64]"]
+TWO_BY_TWO = [
+    "cluster=slurm",
+    "cluster.nodes=2",
+    "cluster.tasks_per_node=2",
+    "data.num_samples=4096",
+    "model.hidden_sizes=[64]",
+]
 
 
 def assert_trained_on_two_hosts(run_dir: Path) -> None:
@@ -34,7 +40,9 @@ def assert_trained_on_two_hosts(run_dir: Path) -> None:
 
 def test_submitit_two_nodes_by_two_tasks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.wait=true", "trainer.max_steps=20", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    proc = cli(
+        "hpc_train", *TWO_BY_TWO, "cluster.wait=true", "trainer.max_steps=20", f"hydra.run.dir={run_dir}", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert re.search(r"submitted Slurm job \d+", proc.stdout)
     assert_trained_on_two_hosts(run_dir)
@@ -44,7 +52,14 @@ def test_submitit_two_nodes_by_two_tasks(tmp_path: Path) -> None:
 
 def test_returns_at_once_without_wait(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.submit=sbatch", "trainer.max_steps=10", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    proc = cli(
+        "hpc_train",
+        *TWO_BY_TWO,
+        "cluster.submit=sbatch",
+        "trainer.max_steps=10",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = read_json(RunDir(run_dir).job_record)["job_id"]
     assert f"python -m hpc_train.jobs logs {run_dir} --follow" in proc.stdout
@@ -56,12 +71,21 @@ def test_returns_at_once_without_wait(tmp_path: Path) -> None:
 
 def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    dry = cli("hpc_train", *TWO_BY_TWO, "cluster.dry_run=true", "trainer.max_steps=10", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    dry = cli(
+        "hpc_train",
+        *TWO_BY_TWO,
+        "cluster.dry_run=true",
+        "trainer.max_steps=10",
+        f"hydra.run.dir={run_dir}",
+        cwd=tmp_path,
+    )
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
     assert not (run_dir / "job.json").exists()
     script = run_dir / "job.sbatch"
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.strip()
     assert wait_for_job(job_id) == "COMPLETED"
     assert_trained_on_two_hosts(run_dir)
     assert json.loads((run_dir / "status" / "batch_exit.json").read_text())["exit_code"] == 0
@@ -75,11 +99,15 @@ def test_sweep_is_one_array(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - start < 30, "the sweep command waited for its jobs"
     array_id = re.search(r"Slurm job array (\d+)", proc.stdout).group(1)  # type: ignore[union-attr]
-    squeue = subprocess.run(["squeue", "-h", "-r", "-o", "%F", "-j", array_id], capture_output=True, text=True).stdout.split()
+    squeue = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%F", "-j", array_id], capture_output=True, text=True
+    ).stdout.split()
     assert set(squeue) <= {array_id}
     assert "--array=0-2%2" in (sweep_dir / "slurm" / "job.sbatch").read_text()
     wait_for_job(array_id)
-    sacct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", array_id, "-o", "JobID,State"], capture_output=True, text=True).stdout
+    sacct = subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", array_id, "-o", "JobID,State"], capture_output=True, text=True
+    ).stdout
     assert sorted(sacct.split()) == [f"{array_id}_{i}|COMPLETED" for i in range(3)]
     collect = cli("hpc_train.jobs", "collect", str(sweep_dir), cwd=tmp_path)
     rows = collect.stdout.splitlines()[1:]
@@ -121,7 +149,9 @@ def test_hostile_names_are_inert(tmp_path: Path) -> None:
 
 
 def test_test_only_rejects_before_submission(tmp_path: Path) -> None:
-    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.partition=nosuchpartition", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    proc = cli(
+        "hpc_train", *TWO_BY_TWO, "cluster.partition=nosuchpartition", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
+    )
     assert proc.returncode != 0
     assert "--test-only" in proc.stderr and "partition" in proc.stderr.lower(), proc.stderr[-2000:]
     assert not (tmp_path / "run" / "job.json").exists()
@@ -141,7 +171,9 @@ def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
     testbed = Path(__file__).resolve().parents[2] / "slurm" / "testbed.sh"
     subprocess.run([str(testbed), "stop-dbd"], check=True, timeout=60)
     try:
-        assert subprocess.run(["sacct", "-n", "-X"], capture_output=True, timeout=30).returncode != 0, "sacct still works"
+        assert subprocess.run(["sacct", "-n", "-X"], capture_output=True, timeout=30).returncode != 0, (
+            "sacct still works"
+        )
         run_dir = tmp_path / "run"
         slow = ["trainer.max_steps=100000", "trainer.log_every_n_steps=1", "cluster.submit=sbatch"]
         proc = cli("hpc_train", *TWO_BY_TWO, *slow, f"hydra.run.dir={run_dir}", cwd=tmp_path)
@@ -175,7 +207,9 @@ def test_real_slurm_variables_resolve(tmp_path: Path) -> None:
         f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)} || echo OUTSIDE-STEP-REFUSED\n"
         f"srun --kill-on-bad-exit=1 {shlex.quote(sys.executable)} -c {shlex.quote(probe)}\n"
     )
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout.strip()
     assert wait_for_job(job_id) == "COMPLETED"
     out = (tmp_path / f"out-{job_id}.txt").read_text()
     assert "OUTSIDE-STEP-REFUSED" in out and "HINT: launch every task with srun" in out

@@ -15,6 +15,7 @@ from hpc_train.errors import ConfigError
 from hpc_train.launch.sbatch import emulate_rank_table, job_spec, render_sbatch
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+EXAMPLE = Path(__file__).resolve().parents[2] / "slurm" / "example.sbatch"
 HOSTILE = "a$(touch x);`touch x`'q\"d"
 
 
@@ -39,19 +40,29 @@ def golden_cluster() -> ClusterConfig:
         sbatch_args={"mail-type": "END", "exclusive": ""},
         setup=["module load cuda/12.4", "source /opt/venvs/train/bin/activate"],
         srun_args=["--cpu-bind=cores"],
+        python="/opt/venvs/train/bin/python",
     )
 
 
+RUN = "/scratch/me/outputs/2026-11-21/10-00-00.000000"
+
+
 @pytest.mark.parametrize(
-    ("name", "cluster", "run_dirs"),
+    ("name", "cluster", "run_dirs", "log_dir"),
     [
-        ("sbatch_2x4_gpu.sh", golden_cluster(), ["/scratch/me/outputs/2026-11-21/10-00-00.000000"]),
-        ("sbatch_array_cpu.sh", slurm(nodes=2, tasks_per_node=2, array_parallelism=2), ["/s/multirun/0", "/s/multirun/1", "/s/multirun/2"]),
+        # The committed example of slurm/README.md is this golden file.
+        (EXAMPLE, golden_cluster(), [RUN], f"{RUN}/logs"),
+        (
+            "sbatch_array_cpu.sh",
+            slurm(nodes=2, tasks_per_node=2, array_parallelism=2, python="/usr/bin/python3"),
+            ["/s/multirun/0", "/s/multirun/1", "/s/multirun/2"],
+            "/s/multirun/slurm",
+        ),
     ],
 )
-def test_golden(name: str, cluster: ClusterConfig, run_dirs: list[str]) -> None:
+def test_golden(name: str | Path, cluster: ClusterConfig, run_dirs: list[str], log_dir: str) -> None:
     """The exact text users read; regenerate with HPC_TRAIN_UPDATE_GOLDEN=1 after an intended change."""
-    spec = job_spec(cluster, [Path(d) for d in run_dirs], Path("/scratch/me/logs"), python="/opt/venvs/train/bin/python")
+    spec = job_spec(cluster, [Path(d) for d in run_dirs], Path(log_dir))
     text = render_sbatch(spec)
     path = GOLDEN / name
     if os.environ.get("HPC_TRAIN_UPDATE_GOLDEN"):
@@ -85,7 +96,12 @@ def test_hostile_values_stay_inert_and_exit_code_is_kept(tmp_path: Path, exit_co
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(job_spec(cluster, [run_dir], run_dir / "logs", python="/usr/bin/python3")))
     _fake_srun(tmp_path / "bin", exit_code)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "77", "SRUN_ARGS": str(tmp_path / "args")}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "77",
+        "SRUN_ARGS": str(tmp_path / "args"),
+    }
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == exit_code, proc.stderr
     assert not list(tmp_path.rglob("x")), "a quoted value was executed"
@@ -103,7 +119,13 @@ def test_array_script_picks_its_run_dir(tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(job_spec(slurm(), dirs, tmp_path, python="/usr/bin/python3")))
     _fake_srun(tmp_path / "bin", 0)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "2", "SRUN_ARGS": str(tmp_path / "args")}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "9",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SRUN_ARGS": str(tmp_path / "args"),
+    }
     subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=30)
     assert (tmp_path / "args").read_text().splitlines()[-1] == str(dirs[2])
     assert "#SBATCH --array=0-2" in script.read_text()
@@ -111,7 +133,12 @@ def test_array_script_picks_its_run_dir(tmp_path: Path) -> None:
 
 def test_emulated_rank_table_two_by_two() -> None:
     rows = emulate_rank_table(slurm(nodes=2, tasks_per_node=2))
-    assert [(r["rank"], r["node"], r["local_rank"]) for r in rows] == [(0, "node1", 0), (1, "node1", 1), (2, "node2", 0), (3, "node2", 1)]
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in rows] == [
+        (0, "node1", 0),
+        (1, "node1", 1),
+        (2, "node2", 0),
+        (3, "node2", 1),
+    ]
     assert len({r["master"] for r in rows}) == 1 and str(rows[0]["master"]).startswith("node1:")
 
 

@@ -106,11 +106,18 @@ def sweep(tmp_path: Path) -> Path:
     for i, lr in enumerate(["0.1", "0.2"]):
         rd = RunDir(root / str(i))
         rd.path.mkdir(parents=True)
-        rd.config.write_text("cluster: {tasks_per_node: 2}\ndata: {}\ntrainer: {}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
-        write_json_atomic(rd.job_record, {"job_id": f"70_{i}", "array_job_id": "70", "overrides": ["cluster=slurm", f"trainer.lr={lr}"]})
+        rd.config.write_text(
+            "cluster: {tasks_per_node: 2}\ndata: {}\ntrainer: {}\nmodel: {name: mlp}\noptim: {name: adamw}\n"
+        )
+        write_json_atomic(
+            rd.job_record,
+            {"job_id": f"70_{i}", "array_job_id": "70", "overrides": ["cluster=slurm", f"trainer.lr={lr}"]},
+        )
         for rank in range(2):
             rd.write_status(rank, "completed", step=10)
-        rd.metrics.write_text(json.dumps({"step": 10, "train_loss": 0.5, "val_loss": 0.25 * (i + 1), "val_acc": 0.9}) + "\n")
+        rd.metrics.write_text(
+            json.dumps({"step": 10, "train_loss": 0.5, "val_loss": 0.25 * (i + 1), "val_acc": 0.9}) + "\n"
+        )
     return root
 
 
@@ -121,7 +128,9 @@ def test_job_id_lookup(tmp_path: Path) -> None:
     assert len(resolve_target(str(root), [])) == 2
 
 
-def test_collect_lists_elements_with_their_own_overrides(tmp_path: Path, scheduler, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_collect_lists_elements_with_their_own_overrides(
+    tmp_path: Path, scheduler, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
     scheduler(squeue=None, sacct=None)
     assert jobs_main(["collect", str(sweep(tmp_path))]) == 0
     lines = capsys.readouterr().out.splitlines()

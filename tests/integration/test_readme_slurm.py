@@ -1,0 +1,37 @@
+"""The cluster=slurm examples of README.md and slurm/README.md, run on the testbed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ..readme_examples import cli_examples, is_slurm, shrunk
+from .conftest import cli, wait_for_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
+
+SLURM_EXAMPLES = [args for args in cli_examples() if is_slurm(args)]
+
+
+@pytest.mark.parametrize("args", SLURM_EXAMPLES, ids=" ".join)
+def test_slurm_example_runs(args: list[str], tmp_path: Path) -> None:
+    args = shrunk(args)
+    if "-m" in args:
+        proc = cli("hpc_train", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        wait_for_job(re.search(r"job array (\d+)", proc.stdout).group(1))  # type: ignore[union-attr]
+        collect = cli("hpc_train.jobs", "collect", str(tmp_path / "sweep"), cwd=tmp_path)
+        rows = collect.stdout.splitlines()[1:]
+        assert rows and all(" COMPLETED " in row for row in rows), collect.stdout
+        return
+    run_dir = tmp_path / "run"
+    dry = "cluster.dry_run=true" in args
+    extra = [] if dry or "cluster.wait=true" in args else ["cluster.wait=true"]
+    proc = cli("hpc_train", *args, *extra, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if dry:
+        assert "nothing submitted" in proc.stdout and (run_dir / "job.sbatch").is_file()
+    else:
+        assert (run_dir / "model_final.pt").is_file()

@@ -1,0 +1,38 @@
+"""The command examples of README.md and slurm/README.md, so tests can run every one of them."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from .conftest import REPO
+
+READMES = [REPO / "README.md", REPO / "slurm" / "README.md"]
+# Shrink each example so the suite stays fast; the overrides keep the example's own choices.
+SHRINK = ["trainer.max_steps=3", "data.num_samples=512", "trainer.batch_size=16", "trainer.log_every_n_steps=1"]
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+
+
+def cli_examples() -> list[list[str]]:
+    """The arguments of every `python -m hpc_train ...` line in a bash block (comments dropped)."""
+    examples = []
+    for readme in READMES:
+        for lang, body in code_blocks(readme.read_text()):
+            if lang != "bash":
+                continue
+            for line in body.splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:3] == ["python", "-m", "hpc_train"]:
+                    examples.append(words[3:])
+    return examples
+
+
+def shrunk(args: list[str]) -> list[str]:
+    return [a for a in args if not a.startswith("trainer.max_steps=")] + SHRINK
+
+
+def is_slurm(args: list[str]) -> bool:
+    return "cluster=slurm" in args
