@@ -50,6 +50,13 @@ def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
     return 0
 
 
+def _stop_following(run_dir: RunDir, why: str) -> None:
+    print(
+        f"hpc_train: {why}; the job goes on. Follow it with: python -m hpc_train.jobs logs {run_dir.path} --follow",
+        file=sys.stderr,
+    )
+
+
 def submit_slurm(
     cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
 ) -> list[str]:
@@ -160,7 +167,15 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
 
 
 def follow_slurm(run_dir: RunDir, world_size: int, limit_s: float, rank: int = 0) -> int:
-    """Print the rank's log as it grows until the job ends; 0 when it completed, 1 otherwise."""
+    """Print the rank's log as it grows until the job ends; 0 when it completed, 1 otherwise (130: Ctrl-C)."""
+    try:
+        return _follow(run_dir, world_size, limit_s, rank)
+    except KeyboardInterrupt:
+        _stop_following(run_dir, "interrupted")
+        return 130
+
+
+def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
     from hpc_train.launch.local import Tail
 
     tail = Tail(run_dir.rank_log(rank), sys.stdout)
@@ -179,10 +194,6 @@ def follow_slurm(run_dir: RunDir, world_size: int, limit_s: float, rank: int = 0
             print(f"hpc_train: job {state.job_id} {verdict}. {state.detail}. Run dir: {run_dir.path}", file=stream)
             return 0 if state.ok else 1
         if time.monotonic() > deadline:
-            print(
-                f"hpc_train: stopped following after {limit_s:.0f}s; job {state.job_id} goes on ({state.state}). "
-                f"Follow it with: python -m hpc_train.jobs logs {run_dir.path} --follow",
-                file=sys.stderr,
-            )
+            _stop_following(run_dir, f"stopped following after {limit_s:.0f}s with job {state.job_id} {state.state}")
             return 1
         time.sleep(POLL_S)

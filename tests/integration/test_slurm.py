@@ -105,10 +105,17 @@ def test_sweep_is_one_array(tmp_path: Path) -> None:
     assert set(squeue) <= {array_id}
     assert "--array=0-2%2" in (sweep_dir / "slurm" / "job.sbatch").read_text()
     wait_for_job(array_id)
-    sacct = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "-j", array_id, "-o", "JobID,State"], capture_output=True, text=True
-    ).stdout
-    assert sorted(sacct.split()) == [f"{array_id}_{i}|COMPLETED" for i in range(3)]
+    # Accounting trails squeue by a moment (slurmdbd hears of the end after slurmctld): poll it, bounded.
+    expected = [f"{array_id}_{i}|COMPLETED" for i in range(3)]
+    deadline = time.monotonic() + 30
+    while True:
+        sacct = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", array_id, "-o", "JobID,State"], capture_output=True, text=True
+        ).stdout
+        if sorted(sacct.split()) == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(sacct.split()) == expected
     collect = cli("hpc_train.jobs", "collect", str(sweep_dir), cwd=tmp_path)
     rows = collect.stdout.splitlines()[1:]
     assert [row.split()[1:4] for row in rows] == [
@@ -217,3 +224,22 @@ def test_real_slurm_variables_resolve(tmp_path: Path) -> None:
     assert [r[:5] for r in rows] == [[0, 0, 2, 0, 2], [1, 1, 2, 0, 2], [2, 0, 1, 1, 2]]
     assert [r[5] for r in rows] == ["node1", "node1", "node2"]
     assert len({(r[6], r[7]) for r in rows}) == 1 and rows[0][6] == "node1"
+
+
+def test_logs_and_cancel(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    slow = ["trainer.max_steps=100000", "trainer.log_every_n_steps=5", "cluster.submit=sbatch"]
+    proc = cli("hpc_train", *TWO_BY_TWO, *slow, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _rank_pid(run_dir, 2)
+    rank2 = cli("hpc_train.jobs", "logs", str(run_dir), "--rank", "2", cwd=tmp_path)
+    assert "[rank 2]" in rank2.stdout and "[rank 0]" not in rank2.stdout
+    job_id = read_json(RunDir(run_dir).job_record)["job_id"]
+    cancel = cli("hpc_train.jobs", "--search", str(tmp_path), "cancel", job_id, cwd=tmp_path)
+    assert cancel.returncode == 0 and f"cancelled Slurm job(s) {job_id}" in cancel.stdout
+    assert wait_for_job(job_id, timeout=60) == "CANCELLED"
+    status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
+    assert (status["state"], status["done"], status["ok"]) == ("CANCELLED", True, False)
+    slurm_out = cli("hpc_train.jobs", "logs", str(run_dir), "--slurm", cwd=tmp_path)
+    assert "[rank 0] rank table (4 ranks)" in slurm_out.stdout
+    assert f"JOB {job_id} ON node1 CANCELLED" in slurm_out.stdout
