@@ -29,13 +29,15 @@ CTL_HOST=$(hostname -s)
 log() { echo "testbed: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# A pid that runs (a zombie, left when a daemon's parent does not reap it, counts as stopped).
+# A pid that runs (a zombie, left when a daemon's parent does not reap it, counts as stopped) and, when a name
+# is given, is that program: a pid file left from an earlier boot or session may name a reused pid.
 alive() {
-    local pid=$1
+    local pid=$1 name=${2:-}
     [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || return 1
     local state
     state=$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1)
-    [ "$state" != Z ]
+    [ "$state" != Z ] || return 1
+    [ -z "$name" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]
 }
 pid_of() { [ -r "$1" ] && cat "$1" 2>/dev/null || true; }
 
@@ -122,7 +124,7 @@ write_configs() {
 }
 
 start_munge() {
-    if alive "$(pid_of /run/munge/munged.pid)"; then return; fi
+    if alive "$(pid_of /run/munge/munged.pid)" munged; then return; fi
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     chown munge:munge /run/munge /var/log/munge /var/lib/munge
     chmod 755 /run/munge
@@ -133,7 +135,7 @@ start_munge() {
 }
 
 start_mariadb() {
-    if alive "$(pid_of "$STATE/run/mysqld.pid")"; then return; fi
+    if alive "$(pid_of "$STATE/run/mysqld.pid")" mariadbd; then return; fi
     if [ ! -d "$STATE/mysql/mysql" ]; then
         mariadb-install-db --user=root --datadir="$STATE/mysql" --auth-root-authentication-method=socket \
             --skip-test-db >"$STATE/log/mysql-install.log" 2>&1
@@ -145,7 +147,7 @@ start_mariadb() {
 }
 
 start_slurmdbd() {
-    if alive "$(pid_of "$STATE/run/slurmdbd.pid")"; then return; fi
+    if alive "$(pid_of "$STATE/run/slurmdbd.pid")" slurmdbd; then return; fi
     MYSQL_UNIX_PORT=$SOCKET slurmdbd
     wait_for "slurmdbd" 30 sacctmgr -n list cluster
     sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
@@ -172,7 +174,7 @@ setup_network() {
 }
 
 start_slurmctld() {
-    if alive "$(pid_of "$STATE/run/slurmctld.pid")"; then
+    if alive "$(pid_of "$STATE/run/slurmctld.pid")" slurmctld; then
         scontrol reconfigure >/dev/null
         return
     fi
@@ -182,7 +184,7 @@ start_slurmctld() {
 
 start_slurmd() {
     for i in $(seq 1 "$NODES"); do
-        if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")"; then continue; fi
+        if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")" slurmd; then continue; fi
         mkdir -p "$STATE/spool/node$i"
         # Own network namespace and hostname. Not `ip netns exec`: it remounts /sys and slurmd then dies with
         # "No filesystem mounted on /sys/fs/cgroup".
@@ -219,9 +221,9 @@ cmd_start() {
 }
 
 kill_pidfile() {
-    local file=$1 what=$2 pid
+    local file=$1 what=$2 name=$3 pid
     pid=$(pid_of "$file")
-    if alive "$pid"; then
+    if alive "$pid" "$name"; then
         kill "$pid" 2>/dev/null || true
         local deadline=$((SECONDS + 15))
         while alive "$pid" && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
@@ -233,25 +235,25 @@ kill_pidfile() {
 
 cmd_stop_dbd() {
     need_root
-    kill_pidfile "$STATE/run/slurmdbd.pid" slurmdbd
+    kill_pidfile "$STATE/run/slurmdbd.pid" slurmdbd slurmdbd
 }
 
 cmd_stop() {
     need_root
     # Jobs first: stopping slurmd leaves running jobs alive.
-    if alive "$(pid_of "$STATE/run/slurmctld.pid")"; then
+    if alive "$(pid_of "$STATE/run/slurmctld.pid")" slurmctld; then
         scancel --full --quiet --state=PENDING,RUNNING,SUSPENDED,REQUEUED $(squeue -h -o %A 2>/dev/null) 2>/dev/null || true
         local deadline=$((SECONDS + 30))
         while [ -n "$(squeue -h -t PD,R,CG,S 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
     fi
-    for i in $(seq 1 "$NODES"); do kill_pidfile "$STATE/run/slurmd-node$i.pid" "slurmd node$i"; done
-    kill_pidfile "$STATE/run/slurmctld.pid" slurmctld
-    kill_pidfile "$STATE/run/slurmdbd.pid" slurmdbd
-    if alive "$(pid_of "$STATE/run/mysqld.pid")"; then
-        mariadb-admin --socket="$SOCKET" shutdown 2>/dev/null || kill_pidfile "$STATE/run/mysqld.pid" MariaDB
+    for i in $(seq 1 "$NODES"); do kill_pidfile "$STATE/run/slurmd-node$i.pid" "slurmd node$i" slurmd; done
+    kill_pidfile "$STATE/run/slurmctld.pid" slurmctld slurmctld
+    kill_pidfile "$STATE/run/slurmdbd.pid" slurmdbd slurmdbd
+    if alive "$(pid_of "$STATE/run/mysqld.pid")" mariadbd; then
+        mariadb-admin --socket="$SOCKET" shutdown 2>/dev/null || kill_pidfile "$STATE/run/mysqld.pid" MariaDB mariadbd
         log "stopped MariaDB"
     fi
-    kill_pidfile /run/munge/munged.pid munged
+    kill_pidfile /run/munge/munged.pid munged munged
     for i in $(seq 1 "$NODES"); do
         ip netns del "hpctb-node$i" 2>/dev/null || true
         ip link del "hpctbv$i" 2>/dev/null || true
@@ -268,13 +270,13 @@ cmd_stop() {
 
 cmd_status() {
     local name file
-    for pair in munged:/run/munge/munged.pid MariaDB:$STATE/run/mysqld.pid slurmdbd:$STATE/run/slurmdbd.pid \
+    for pair in munged:/run/munge/munged.pid mariadbd:$STATE/run/mysqld.pid slurmdbd:$STATE/run/slurmdbd.pid \
         slurmctld:$STATE/run/slurmctld.pid; do
         name=${pair%%:*} file=${pair#*:}
-        if alive "$(pid_of "$file")"; then echo "$name: running"; else echo "$name: stopped"; fi
+        if alive "$(pid_of "$file")" "$name"; then echo "$name: running"; else echo "$name: stopped"; fi
     done
     for i in $(seq 1 "$NODES"); do
-        if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")"; then echo "slurmd node$i: running"; else echo "slurmd node$i: stopped"; fi
+        if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")" slurmd; then echo "slurmd node$i: running"; else echo "slurmd node$i: stopped"; fi
     done
     sinfo -N 2>/dev/null || true
 }
