@@ -15,7 +15,7 @@ from typing import Any
 
 from hpc_train.rundir import RunDir, read_json
 
-__all__ = ["ACTIVE_STATES", "JobState", "job_state", "sacct_state", "squeue_state"]
+__all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "job_state", "sacct_state", "squeue_state"]
 
 # Slurm states of a job that has not ended yet.
 ACTIVE_STATES = frozenset(
@@ -37,6 +37,8 @@ ACTIVE_STATES = frozenset(
     }
 )
 COMMAND_TIMEOUT_S = 20
+UNREACHABLE = "UNREACHABLE"
+"""squeue_state's answer when squeue exists but did not answer (slurmctld down or busy): not "job gone"."""
 
 
 @dataclass
@@ -54,20 +56,24 @@ class JobState:
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | str | None:
+    """The finished command; None when it is not installed; UNREACHABLE when it did not answer in time."""
     if shutil.which(argv[0]) is None:
         return None
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return None
+        return UNREACHABLE
 
 
 def squeue_state(job_id: str) -> str | None:
-    """The job's state as squeue reports it, None when squeue does not list it (or cannot be asked)."""
+    """The job's state per squeue; None when Slurm no longer lists it (or there is no squeue), UNREACHABLE
+    when squeue could not ask slurmctld."""
     proc = _run(["squeue", "-h", "-j", job_id, "-t", "all", "-o", "%T"])
-    if proc is None or proc.returncode != 0:
-        return None
+    if not isinstance(proc, subprocess.CompletedProcess):
+        return proc
+    if proc.returncode != 0:
+        return None if "Invalid job id" in proc.stderr else UNREACHABLE
     states = proc.stdout.split()
     return states[0] if states else None
 
@@ -75,7 +81,7 @@ def squeue_state(job_id: str) -> str | None:
 def sacct_state(job_id: str) -> str | None:
     """The job's state from accounting, None where sacct is missing, disabled or cannot reach slurmdbd."""
     proc = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"])
-    if proc is None or proc.returncode != 0:
+    if not isinstance(proc, subprocess.CompletedProcess) or proc.returncode != 0:
         return None
     states = proc.stdout.split("\n")[0].split()  # "CANCELLED by 0" -> CANCELLED
     return states[0] if states else None
@@ -120,7 +126,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     if squeue in ACTIVE_STATES:
         detail = "; ".join(failures) if failures else ""
         return verdict(squeue, done=False, ok=False, detail=detail)
-    scheduler = squeue or sacct
+    if squeue == UNREACHABLE and sacct is None:
+        detail = "; ".join(["squeue could not reach slurmctld and sacct gave nothing", *failures])
+        return verdict("UNKNOWN", done=False, detail=detail)
+    scheduler = sacct if squeue in (None, UNREACHABLE) else squeue
     silent = _silent(statuses, world_size)
     batch = read_json(run_dir.status_dir / "batch_exit.json") or {}
     reasons = silent + failures

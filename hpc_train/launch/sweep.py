@@ -54,11 +54,12 @@ def launch_sweep(
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
     try:
         typed = [config_from_dict(c) for c in sweep_configs]
+        if typed and typed[0].cluster.launcher == "slurm":
+            _check_one_request(typed)
+            return _submit_array(typed, sweep_configs, job_overrides)
     except ConfigError as exc:
         print(f"hpc_train: config error in the sweep, nothing was submitted: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if typed and typed[0].cluster.launcher == "slurm":
-        return _submit_array(typed, sweep_configs, job_overrides)
     # Local sweeps run one after another, each exactly like a single `python -m hpc_train` run.
     returns = []
     for sweep_config in sweep_configs:
@@ -74,20 +75,26 @@ def launch_sweep(
     return returns
 
 
+def _check_one_request(typed: list[Config]) -> None:
+    """One array shares one resource request, so every element must ask for the same cluster."""
+    first = asdict(typed[0].cluster)
+    for index, cfg in enumerate(typed[1:], start=1):
+        differing = sorted(k for k, v in asdict(cfg.cluster).items() if first[k] != v)
+        if differing:
+            key = differing[0]
+            raise ConfigError(
+                f"sweep element {index} has cluster.{key}={getattr(cfg.cluster, key)!r} but element 0 has "
+                f"{first[key]!r}, and one Slurm array shares one request. HINT: sweep cluster.* keys in separate "
+                "commands."
+            )
+
+
 def _submit_array(
     typed: list[Config], sweep_configs: list[DictConfig], job_overrides: Sequence[Sequence[str]]
 ) -> list[JobReturn]:
     from hpc_train.__main__ import write_config
     from hpc_train.launch.slurm import submit_slurm
 
-    first = asdict(typed[0].cluster)
-    for index, cfg in enumerate(typed[1:], start=1):
-        differing = sorted(k for k, v in asdict(cfg.cluster).items() if first[k] != v)
-        if differing:
-            raise ConfigError(
-                f"sweep element {index} asks for different resources (cluster.{differing[0]}), but one Slurm array "
-                "shares one request. HINT: sweep cluster.* keys in separate commands."
-            )
     run_dirs = [_run_dir(c) for c in sweep_configs]
     for cfg, rd in zip(typed, run_dirs, strict=True):
         write_config(cfg, rd)

@@ -139,3 +139,21 @@ def test_worker_under_torchrun(tmp_path: Path) -> None:
     table = json.loads(run_dir.rank_table.read_text())
     assert [(r["rank"], r["source"]) for r in table] == [(0, "torchrun"), (1, "torchrun")]
     assert run_dir.model_final.is_file()
+
+
+def test_local_sweep_runs_one_job_after_another(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = [*SMALL, "trainer.max_steps=3", "trainer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "-m", *args], capture_output=True, text=True, cwd=tmp_path, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lrs = [composed_lr(sweep_dir / str(i)) for i in range(2)]
+    assert lrs == [1e-3, 2e-3]
+    assert all((sweep_dir / str(i) / "model_final.pt").is_file() for i in range(2))
+
+
+def composed_lr(run_dir: Path) -> float:
+    from hpc_train.config import load_config
+
+    return load_config(run_dir / "config.yaml").trainer.lr

@@ -182,3 +182,15 @@ def test_tasks_per_node_defaults_to_gpus() -> None:
 def test_slurm_keys_on_local_launcher_warn() -> None:
     with pytest.warns(UserWarning, match=r"cluster\.partition is ignored by cluster\.launcher=local"):
         ClusterConfig(launcher="local", partition="gpu")
+
+
+def test_sweep_elements_must_share_one_request() -> None:
+    from hpc_train.config import Config, MLPConfig, SGDConfig
+    from hpc_train.launch.sweep import _check_one_request
+
+    def job(nodes: int) -> Config:
+        return Config(cluster=slurm(nodes=nodes), model=MLPConfig(), optim=SGDConfig())
+
+    _check_one_request([job(2), job(2)])
+    with pytest.raises(ConfigError, match=r"sweep element 1 has cluster\.nodes=3 but element 0 has 2"):
+        _check_one_request([job(2), job(3)])

@@ -14,22 +14,31 @@ from hpc_train.launch.state import job_state
 from hpc_train.rundir import RunDir, write_json_atomic
 
 
-def fake(bin_dir: Path, name: str, stdout: str = "", code: int = 0) -> None:
+def fake(bin_dir: Path, name: str, stdout: str = "", code: int = 0, stderr: str = "") -> None:
     bin_dir.mkdir(exist_ok=True)
     path = bin_dir / name
-    path.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\necho 'fake {name} error' >&2\nexit {code}\n")
+    path.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\necho '{stderr}' >&2\nexit {code}\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+GONE = "slurm_load_jobs error: Invalid job id specified"
+UNREACHABLE = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+NO_DBD = "sacct: error: Problem talking to the database: Connection refused"
 
 
 @pytest.fixture
 def scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """Install fake squeue/sacct: ``scheduler(squeue=..., sacct=...)``; None makes the command fail."""
+    """Install fake squeue/sacct: a string is what they print; None: squeue no longer lists the job, sacct
+    cannot reach slurmdbd; squeue="unreachable": squeue cannot reach slurmctld."""
     bin_dir = tmp_path / "bin"
     monkeypatch.setenv("PATH", f"{bin_dir}")
 
     def install(squeue: str | None, sacct: str | None) -> None:
-        fake(bin_dir, "squeue", squeue or "", 0 if squeue is not None else 1)
-        fake(bin_dir, "sacct", sacct or "", 0 if sacct is not None else 1)
+        if squeue == "unreachable":
+            fake(bin_dir, "squeue", code=1, stderr=UNREACHABLE)
+        else:
+            fake(bin_dir, "squeue", squeue or "", 0 if squeue is not None else 1, GONE)
+        fake(bin_dir, "sacct", sacct or "", 0 if sacct is not None else 1, NO_DBD)
 
     return install
 
@@ -88,6 +97,14 @@ def test_batch_exit_code_is_reported(tmp_path: Path, scheduler) -> None:  # type
     rd = run_dir_with(tmp_path, "5", {0: "running"})
     write_json_atomic(rd.status_dir / "batch_exit.json", {"job_id": "5", "exit_code": 137})
     assert "srun exited with status 137" in job_state(rd, 1).detail
+
+
+def test_unreachable_controller_is_not_a_verdict(tmp_path: Path, scheduler) -> None:  # type: ignore[no-untyped-def]
+    """squeue failing to reach slurmctld must not make a running job look ended (wait would give up on it)."""
+    scheduler(squeue="unreachable", sacct=None)
+    state = job_state(run_dir_with(tmp_path, "5", {0: "running", 1: "running"}), 2)
+    assert (state.state, state.done) == ("UNKNOWN", False)
+    assert "could not reach slurmctld" in state.detail
 
 
 def test_never_started_and_gone(tmp_path: Path, scheduler) -> None:  # type: ignore[no-untyped-def]
