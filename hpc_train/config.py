@@ -34,10 +34,15 @@ __all__ = [
     "CNNConfig",
     "ClusterConfig",
     "Config",
+    "DDPConfig",
     "DataConfig",
+    "EarlyStoppingConfig",
     "MLPConfig",
     "SGDConfig",
+    "ScheduleConfig",
+    "ScriptConfig",
     "TrainerConfig",
+    "TransformerConfig",
     "check_override_keys",
     "config_from_dict",
     "load_config",
@@ -300,11 +305,23 @@ class DataConfig(_Checked):
     """Norm of each class mean against unit noise: larger is easier (about 0.9 accuracy at 3 with 10 classes)."""
     num_workers: int = 0
     """DataLoader worker processes per rank (0 loads in the training process)."""
+    pin_memory: bool | None = None
+    """Page-locked host batches for faster copies to the GPU (None: on when training on CUDA)."""
+    prefetch_factor: int = 2
+    """Batches each worker loads ahead (only with num_workers > 0)."""
+    persistent_workers: bool = True
+    """Keep workers alive between epochs (only with num_workers > 0)."""
     drop_last: bool = True
     """Drop each rank's last incomplete batch, so every optimizer step sees a full global batch."""
+    dataset: Any = None
+    """Your own data instead of the synthetic set: a Hydra node {_target_: pkg.make_data, ...} whose call returns
+    (train_dataset, val_dataset) or {"train": ..., "val": ...}; val may be None. The fields above that describe
+    the synthetic set are then ignored."""
 
     def __post_init__(self) -> None:
         self._one_of("name", ("synthetic",))
+        _check_target(self, "dataset")
+        self._require(self.prefetch_factor >= 1, "prefetch_factor", "must be at least 1", "e.g. data.prefetch_factor=2")
         self._require(self.num_samples >= 2, "num_samples", "must be at least 2", "e.g. data.num_samples=32768")
         self._require(
             len(self.input_shape) >= 1 and all(int(d) >= 1 for d in self.input_shape),
@@ -328,6 +345,96 @@ class DataConfig(_Checked):
 
 LR_SCALING = ("none", "linear", "sqrt")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+STRATEGIES = ("ddp", "dp", "single")
+SCHEDULES = ("constant", "cosine", "step")
+
+
+def _check_target(node: _Checked, key: str) -> None:
+    """A user-code field is None or a Hydra node naming what to call in ``_target_``."""
+    value = getattr(node, key)
+    node._require(
+        value is None or (isinstance(value, Mapping) and isinstance(value.get("_target_"), str)),
+        key,
+        "must name a callable in _target_",
+        f"e.g. {node._group}.{key}={{_target_: mypkg.mymodule.build}}",
+    )
+
+
+@dataclass
+class ScheduleConfig(_Checked):
+    """Learning-rate schedule over optimizer steps: linear warmup, then constant, cosine or step decay."""
+
+    _group: ClassVar[str] = "trainer.schedule"
+
+    name: str = "constant"
+    """constant | cosine (to min_lr_ratio x LR at the last step) | step (x gamma every step_every steps)."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from 0 to the (scaled) LR."""
+    min_lr_ratio: float = 0.0
+    """cosine: the LR at the last step, as a fraction of the peak."""
+    step_every: int = 1000
+    """step: decay every this many steps (after warmup)."""
+    gamma: float = 0.1
+    """step: the factor of each decay."""
+
+    def __post_init__(self) -> None:
+        self._one_of("name", SCHEDULES)
+        self._require(
+            self.warmup_steps >= 0, "warmup_steps", "must be 0 or more", "e.g. trainer.schedule.warmup_steps=100"
+        )
+        self._require(
+            0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]", "e.g. trainer.schedule.min_lr_ratio=0.1"
+        )
+        self._require(self.step_every >= 1, "step_every", "must be at least 1", "e.g. trainer.schedule.step_every=1000")
+        self._require(0 < self.gamma <= 1, "gamma", "must be in (0, 1]", "e.g. trainer.schedule.gamma=0.1")
+
+
+@dataclass
+class EarlyStoppingConfig(_Checked):
+    """Stop when the monitored validation metric has not improved for ``patience`` validations."""
+
+    _group: ClassVar[str] = "trainer.early_stopping"
+
+    patience: int = 0
+    """Validations without improvement before stopping (0: never stop early)."""
+    monitor: str = "val_loss"
+    """The validation metric to watch: val_loss, val_acc or val_metric (your trainer.metric)."""
+    mode: str = "auto"
+    """min or max; auto: min for val_loss, max otherwise."""
+    min_delta: float = 0.0
+    """An improvement smaller than this does not count."""
+
+    def __post_init__(self) -> None:
+        self._require(
+            self.patience >= 0, "patience", "must be 0 (off) or more", "e.g. trainer.early_stopping.patience=3"
+        )
+        self._one_of("monitor", ("val_loss", "val_acc", "val_metric"))
+        self._one_of("mode", ("auto", "min", "max"))
+        self._require(
+            self.min_delta >= 0, "min_delta", "must be 0 or more", "e.g. trainer.early_stopping.min_delta=1e-3"
+        )
+        if self.mode == "auto":
+            self.mode = "min" if self.monitor == "val_loss" else "max"
+
+
+@dataclass
+class DDPConfig(_Checked):
+    """Options of torch's DistributedDataParallel (strategy=ddp)."""
+
+    _group: ClassVar[str] = "trainer.ddp"
+
+    find_unused_parameters: bool = False
+    """Needed when some parameters get no gradient in a step (branches, frozen heads); costs a graph walk."""
+    static_graph: bool = False
+    """Promise the graph is the same every step: lets DDP skip work (and makes unused parameters fine)."""
+    gradient_as_bucket_view: bool = False
+    """Gradients alias the all-reduce buckets: saves one gradient-sized copy of memory."""
+    bucket_cap_mb: float = 25.0
+    """Size of the gradient buckets all-reduced together."""
+
+    def __post_init__(self) -> None:
+        self._require(self.bucket_cap_mb > 0, "bucket_cap_mb", "must be positive", "e.g. trainer.ddp.bucket_cap_mb=25")
 
 
 @dataclass
@@ -366,6 +473,28 @@ class TrainerConfig(_Checked):
     """Timeout of the rendezvous and of every collective: a lost rank fails the job after this."""
     progress_bar: bool = True
     """Show a progress bar on rank 0."""
+    precision: str = "fp32"
+    """fp32, or autocast to bf16 / fp16 (fp16 adds a GradScaler)."""
+    grad_clip_norm: float = 0.0
+    """Clip the global gradient norm to this (0: off)."""
+    accumulate_grad_batches: int = 1
+    """Micro-batches per optimizer step; gradients are synchronised on the last one only."""
+    strategy: str = "ddp"
+    """ddp: one process per rank; dp: one process, torch.nn.DataParallel over its GPUs; single: one process, one device."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    loss: Any = None
+    """Your loss instead of cross entropy: {_target_: ...} whose call returns loss(outputs, targets) -> scalar."""
+    metric: Any = None
+    """Your validation metric instead of accuracy: {_target_: ...} whose call returns fn(outputs, targets) -> one
+    value per sample; reported as val_metric, the mean over exactly the validation set."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to <run dir>/tensorboard (rank 0)."""
+    plots: bool = True
+    """Write PNG curves of metrics.jsonl to <run dir>/plots at the end (rank 0)."""
+    profile_steps: int = 0
+    """Record a torch.profiler trace of this many steps on rank 0 into <run dir>/profile (0: off)."""
 
     def __post_init__(self) -> None:
         for key in ("max_epochs", "max_steps"):
@@ -395,6 +524,29 @@ class TrainerConfig(_Checked):
             self.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1", "e.g. trainer.keep_checkpoints=2"
         )
         self._require(self.dist_timeout_s > 0, "dist_timeout_s", "must be positive", "e.g. trainer.dist_timeout_s=300")
+        self._one_of("precision", PRECISIONS)
+        self._require(
+            self.grad_clip_norm >= 0, "grad_clip_norm", "must be 0 (off) or more", "e.g. trainer.grad_clip_norm=1.0"
+        )
+        self._require(
+            self.accumulate_grad_batches >= 1,
+            "accumulate_grad_batches",
+            "must be at least 1",
+            "e.g. trainer.accumulate_grad_batches=4",
+        )
+        self._one_of("strategy", STRATEGIES)
+        _check_target(self, "loss")
+        _check_target(self, "metric")
+        self._require(
+            self.profile_steps >= 0, "profile_steps", "must be 0 (off) or more", "e.g. trainer.profile_steps=5"
+        )
+        if self.early_stopping.monitor == "val_metric":
+            self._require(
+                self.metric is not None,
+                "early_stopping",
+                "monitor=val_metric needs trainer.metric",
+                "set trainer.metric={_target_: ...} or monitor val_loss / val_acc",
+            )
 
 
 @dataclass
@@ -445,6 +597,65 @@ class CNNConfig(_Checked):
 
 
 @dataclass
+class TransformerConfig(_Checked):
+    """A small transformer encoder classifier for [tokens, features] inputs: embed, encode, mean-pool, classify."""
+
+    _group: ClassVar[str] = "model"
+
+    name: str = "transformer"
+    d_model: int = 64
+    """Width of the token embeddings."""
+    nhead: int = 4
+    """Attention heads (must divide d_model)."""
+    num_layers: int = 2
+    """Encoder layers."""
+    dim_feedforward: int = 128
+    """Width of each layer's feed-forward block."""
+    dropout: float = 0.0
+    """Dropout inside the encoder layers."""
+
+    def __post_init__(self) -> None:
+        for key in ("d_model", "nhead", "num_layers", "dim_feedforward"):
+            self._require(getattr(self, key) >= 1, key, "must be at least 1", f"e.g. model.{key}=2")
+        self._require(
+            self.d_model % self.nhead == 0,
+            "nhead",
+            f"must divide model.d_model={self.d_model}",
+            "e.g. model.d_model=64 model.nhead=4",
+        )
+        self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)", "e.g. model.dropout=0.1")
+
+
+@dataclass
+class ScriptConfig(_Checked):
+    """Run your own torchrun-style script on every rank instead of the built-in trainer."""
+
+    _group: ClassVar[str] = "script"
+
+    path: str = ""
+    """A Python file to run on every rank (made absolute when the config is built)."""
+    module: str = ""
+    """Or a module to run with python -m."""
+    args: list[str] = field(default_factory=list)
+    """Its command-line arguments."""
+
+    def __post_init__(self) -> None:
+        self._require(
+            not (self.path and self.module), "module", "give script.path or script.module, not both", "drop one"
+        )
+        if self.path:
+            path = Path(self.path).expanduser()
+            self._require(
+                path.is_file(), "path", "no such file", "give the path of your script, e.g. script.path=train.py"
+            )
+            self.path = str(path.resolve())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.path or self.module)
+
+
+@dataclass
 class AdamWConfig(_Checked):
     """torch.optim.AdamW; the learning rate comes from trainer.lr."""
 
@@ -488,7 +699,7 @@ class SGDConfig(_Checked):
         self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0")
 
 
-MODEL_SCHEMAS: dict[str, type[Any]] = {"mlp": MLPConfig, "cnn": CNNConfig}
+MODEL_SCHEMAS: dict[str, type[Any]] = {"mlp": MLPConfig, "cnn": CNNConfig, "transformer": TransformerConfig}
 OPTIM_SCHEMAS: dict[str, type[Any]] = {"adamw": AdamWConfig, "sgd": SGDConfig}
 
 
@@ -500,19 +711,38 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     model: Any = MISSING
+    """One of MODEL_SCHEMAS, or your own model as {_target_: pkg.Net, ...} (a dict)."""
     optim: Any = MISSING
+    script: ScriptConfig = field(default_factory=ScriptConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.model, CNNConfig) and len(self.data.input_shape) != 3:
+        shape = list(self.data.input_shape)
+        if isinstance(self.model, CNNConfig) and len(shape) != 3:
             raise ConfigError(
-                f"data.input_shape={list(self.data.input_shape)} does not suit model=cnn, which needs [channels, "
-                "height, width]. HINT: set data.input_shape=[3,32,32], or use model=mlp."
+                f"data.input_shape={shape} does not suit model=cnn, which needs [channels, height, width]. "
+                "HINT: set data.input_shape=[3,32,32], or use model=mlp."
+            )
+        if isinstance(self.model, TransformerConfig) and len(shape) != 2:
+            raise ConfigError(
+                f"data.input_shape={shape} does not suit model=transformer, which needs [tokens, features]. "
+                "HINT: set data.input_shape=[16,49] (784 values as 16 tokens), or use model=mlp."
             )
         world = self.cluster.world_size
-        per_rank = self.data.num_train // world
-        if per_rank < self.trainer.batch_size and self.data.drop_last:
+        if self.trainer.strategy in ("dp", "single") and world != 1:
             raise ConfigError(
-                f"trainer.batch_size={self.trainer.batch_size} is larger than the {per_rank} training samples each of "
+                f"trainer.strategy={self.trainer.strategy} runs one process, but the cluster asks for {world} ranks. "
+                "HINT: set cluster.tasks_per_node=1 (and cluster.nodes=1), or trainer.strategy=ddp."
+            )
+        if self.data.dataset is None:
+            self._check_synthetic_sizes(world)
+
+    def _check_synthetic_sizes(self, world: int) -> None:
+        per_rank = self.data.num_train // world
+        micro = self.trainer.batch_size * self.trainer.accumulate_grad_batches
+        if per_rank < micro and self.data.drop_last:
+            raise ConfigError(
+                f"trainer.batch_size={self.trainer.batch_size} x trainer.accumulate_grad_batches="
+                f"{self.trainer.accumulate_grad_batches} is more than the {per_rank} training samples each of "
                 f"{world} ranks gets (data.num_samples={self.data.num_samples}, data.val_fraction="
                 f"{self.data.val_fraction}), so with data.drop_last=true no step would run. HINT: lower "
                 "trainer.batch_size or raise data.num_samples."
@@ -526,11 +756,17 @@ class Config:
 
     @property
     def global_batch_size(self) -> int:
-        return self.trainer.batch_size * self.cluster.world_size
+        """Samples per optimizer step: per process x world size x accumulation."""
+        return self.trainer.batch_size * self.cluster.world_size * self.trainer.accumulate_grad_batches
 
 
 def _typed_option(node: Any, group: str, schemas: Mapping[str, type[Any]]) -> Any:
-    """The structured schema for a model/optim node, chosen by its ``name``."""
+    """The structured schema for a model/optim node, chosen by its ``name``; a ``_target_`` model stays a dict."""
+    # `"_target_" in node` is False while its value is still ??? (missing), so look at the keys.
+    if group == "model" and isinstance(node, Mapping | DictConfig) and "_target_" in list(node.keys()):
+        if (isinstance(node, DictConfig) and OmegaConf.is_missing(node, "_target_")) or not node.get("_target_"):
+            raise ConfigError("model._target_ is not set. HINT: model=custom model._target_=mypkg.mymodule.MyNet")
+        return node
     name = node.get("name") if isinstance(node, Mapping | DictConfig) else None
     if not isinstance(name, str) or name not in schemas:
         raise ConfigError(

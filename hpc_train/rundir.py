@@ -84,6 +84,11 @@ class RunDir:
         return self.path / "model_final.pt"
 
     @property
+    def model_best(self) -> Path:
+        """The weights at the best validation, kept by early stopping (trainer.early_stopping.patience > 0)."""
+        return self.path / "model_best.pt"
+
+    @property
     def rank_table(self) -> Path:
         """Every rank's host, ranks, device and rendezvous address, as gathered at start."""
         return self.path / "rank_table.json"

@@ -14,6 +14,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from hpc_train.config import Config
 from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
 from hpc_train.rundir import RunDir, write_json_atomic
@@ -53,6 +54,9 @@ def _train(rd: RunDir, env: DistEnv) -> None:
     from hpc_train.train.trainer import Trainer
 
     cfg = load_config(rd.config)
+    if cfg.script.enabled:
+        _run_script(rd, env, cfg)
+        return
     torch.set_num_threads(cfg.cluster.cpus_per_task)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = select_device(env, use_cuda)
@@ -70,6 +74,24 @@ def _train(rd: RunDir, env: DistEnv) -> None:
             trainer.fit()
         finally:
             trainer.close()
+
+
+def _run_script(rd: RunDir, env: DistEnv, cfg: Config) -> None:
+    """The user's own torchrun-style script instead of the trainer; it sets up its own process group."""
+    from hpc_train.script import run_script
+
+    rd.write_status(env.rank, "running")
+    what = cfg.script.path or cfg.script.module
+    log.info(
+        "running %s on rank %d with the torchrun environment (master %s:%d)",
+        what,
+        env.rank,
+        env.master_addr,
+        env.master_port,
+    )
+    code = run_script(cfg.script, env, cfg.cluster, str(rd.path))
+    if code != 0:
+        raise RuntimeError(f"{what} exited with status {code} on rank {env.rank}")
 
 
 class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]

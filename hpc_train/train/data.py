@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from hpc_train.config import DataConfig
 from hpc_train.dist import DistEnv
 
-__all__ = ["ShardSampler", "make_loaders", "make_synthetic"]
+__all__ = ["ShardSampler", "make_datasets", "make_loaders", "make_synthetic"]
+
+
+def make_datasets(cfg: DataConfig) -> tuple[Dataset[Any], Dataset[Any] | None]:
+    """The user's data (``data.dataset``) or the synthetic set; the validation set may be None."""
+    if cfg.dataset is not None:
+        from hpc_train.train.usercode import call_target, split_datasets
+
+        return split_datasets(call_target(cfg.dataset, "data.dataset"), cfg.dataset["_target_"])
+    train, val = make_synthetic(cfg)
+    return train, (val if len(val) else None)
 
 
 def make_synthetic(cfg: DataConfig) -> tuple[TensorDataset, TensorDataset]:
@@ -50,38 +61,24 @@ class ShardSampler(Sampler[int]):
 
 
 def make_loaders(
-    train: TensorDataset,
-    val: TensorDataset,
-    cfg: DataConfig,
-    batch_size: int,
-    seed: int,
-    env: DistEnv,
-    pin_memory: bool,
-) -> tuple[DataLoader[tuple[torch.Tensor, ...]], DistributedSampler[int], DataLoader[tuple[torch.Tensor, ...]]]:
+    train: Dataset[Any], val: Dataset[Any] | None, cfg: DataConfig, batch_size: int, seed: int, env: DistEnv, cuda: bool
+) -> tuple[DataLoader[Any], DistributedSampler[Any], DataLoader[Any] | None]:
     """The training loader (shuffled by a DistributedSampler seeded with ``seed``) and the validation loader.
 
     With one rank, batch 2B sees the same samples per step as two ranks with batch B each: the sampler's
     permutation depends only on seed and epoch, and rank r takes every w-th index of it.
     """
-    sampler: DistributedSampler[int] = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed, drop_last=False
     )
-    workers, persistent = cfg.num_workers, cfg.num_workers > 0
-    train_loader = DataLoader(
-        train,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=cfg.drop_last,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=persistent,
-    )
-    val_loader = DataLoader(
-        val,
-        batch_size=batch_size,
-        sampler=ShardSampler(len(val), env.rank, env.world_size),
-        num_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=persistent,
-    )
-    return train_loader, sampler, val_loader
+    options: dict[str, Any] = {
+        "num_workers": cfg.num_workers,
+        "pin_memory": cuda if cfg.pin_memory is None else cfg.pin_memory,
+    }
+    if cfg.num_workers > 0:  # both are errors for DataLoader without workers
+        options |= {"prefetch_factor": cfg.prefetch_factor, "persistent_workers": cfg.persistent_workers}
+    train_loader = DataLoader(train, batch_size=batch_size, sampler=sampler, drop_last=cfg.drop_last, **options)
+    if val is None:
+        return train_loader, sampler, None
+    shard = ShardSampler(len(cast(Sized, val)), env.rank, env.world_size)
+    return train_loader, sampler, DataLoader(val, batch_size=batch_size, sampler=shard, **options)

@@ -1,0 +1,108 @@
+"""``python -m hpc_train.plot RUN_DIR [RUN_DIR ...]``: PNG curves of metrics.jsonl.
+
+Each run gets ``plots/loss.png`` (train and validation loss) and ``plots/metrics.png`` (validation metric and
+learning rate). With several runs (a sweep's elements) ``--compare OUT.png`` overlays their validation loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpc_train.train.metrics import read_metrics
+
+__all__ = ["main", "plot_compare", "plot_run"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works without a display, on compute nodes too
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if key in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Write plots/loss.png and plots/metrics.png for one run; returns their paths."""
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no rows yet")
+    plt = _pyplot()
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*_series(rows, "train_loss"), label="train loss (mean over ranks)")
+    if any("val_loss" in r for r in rows):
+        ax.plot(*_series(rows, "val_loss"), "o-", label="validation loss (exact, all ranks)")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    metric = "val_metric" if any("val_metric" in r for r in rows) else "val_acc"
+    if any(metric in r for r in rows):
+        ax.plot(*_series(rows, metric), "o-", color="tab:green", label=metric)
+        ax.set_ylabel(metric)
+    ax.set_xlabel("optimizer step")
+    lr_ax = ax.twinx()
+    lr_ax.plot(*_series(rows, "lr"), color="tab:gray", alpha=0.6, label="learning rate")
+    lr_ax.set_ylabel("learning rate")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "metrics.png", dpi=100)
+    plt.close(fig)
+    return [out / "loss.png", out / "metrics.png"]
+
+
+def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Path:
+    """One figure with ``key`` of every run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for run_dir in run_dirs:
+        ax.plot(*_series(read_metrics(run_dir / "metrics.jsonl"), key), "o-", label=run_dir.name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_train.plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--compare", type=Path, help="also overlay the runs' validation loss in this PNG")
+    args = parser.parse_args(argv)
+    for run_dir in args.run_dirs:
+        if not (run_dir / "metrics.jsonl").is_file():
+            print(f"hpc_train.plot: {run_dir} has no metrics.jsonl", file=sys.stderr)
+            return 2
+        for path in plot_run(run_dir):
+            print(path)
+    if args.compare:
+        print(plot_compare(args.run_dirs, args.compare))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
