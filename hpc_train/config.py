@@ -811,7 +811,7 @@ def _omegaconf_message(exc: Exception) -> str:
 
 def _group_keys() -> dict[str, set[str]]:
     """Valid keys per top-level group; model/optim accept the fields of any of their options."""
-    typed = {"cluster": ClusterConfig, "data": DataConfig, "trainer": TrainerConfig}
+    typed = {"cluster": ClusterConfig, "data": DataConfig, "trainer": TrainerConfig, "script": ScriptConfig}
     keys = {group: {f.name for f in fields(schema)} for group, schema in typed.items()}
     keys["model"] = {f.name for schema in MODEL_SCHEMAS.values() for f in fields(schema)}
     keys["optim"] = {f.name for schema in OPTIM_SCHEMAS.values() for f in fields(schema)}
@@ -824,9 +824,10 @@ def check_override_keys(keys: list[str]) -> None:
     Hydra's own message for a typo suggests adding it with ``+key=value``, which only moves the error.
     """
     groups = _group_keys()
+    custom_model = "model._target_" in keys  # your own model takes whatever arguments it declares
     for key in keys:
         group, _, rest = key.partition(".")
-        if group == "hydra":
+        if group == "hydra" or (group == "model" and custom_model):
             continue
         if group not in groups:
             close = difflib.get_close_matches(group, sorted(groups), n=1)

@@ -89,7 +89,7 @@ def _run_script(rd: RunDir, env: DistEnv, cfg: Config) -> None:
         env.master_addr,
         env.master_port,
     )
-    code = run_script(cfg.script, env, cfg.cluster, str(rd.path))
+    code = run_script(cfg.script, env, cfg.cluster, str(rd.path), timedelta(seconds=cfg.trainer.dist_timeout_s))
     if code != 0:
         raise RuntimeError(f"{what} exited with status {code} on rank {env.rank}")
 

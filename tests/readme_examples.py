@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from .conftest import REPO
 
@@ -28,6 +29,24 @@ def cli_examples() -> list[list[str]]:
                 if words[:3] == ["python", "-m", "hpc_train"]:
                     examples.append(words[3:])
     return examples
+
+
+def module_files() -> dict[str, str]:
+    """Python blocks that open with `# <name>.py`: modules the examples import, to be written out first."""
+    files = {}
+    for readme in READMES:
+        for lang, body in code_blocks(readme.read_text()):
+            first = body.splitlines()[0] if body else ""
+            if lang == "python" and re.fullmatch(r"# \w+\.py", first):
+                files[first[2:]] = body
+    return files
+
+
+def prepare_cwd(path: Path) -> None:
+    """What the examples expect in their folder: the README's modules and the repo's tests/ (for scripts)."""
+    for name, body in module_files().items():
+        (path / name).write_text(body)
+    (path / "tests").symlink_to(REPO / "tests")
 
 
 def shrunk(args: list[str]) -> list[str]:

@@ -58,7 +58,10 @@ def test_group_options() -> None:
         (["cluster.launcher=slurmm"], r"cluster\.launcher='slurmm'"),
         (["data.val_fraction=1.5"], r"data\.val_fraction=1\.5 is invalid: must be in \[0, 1\)"),
         (["model=cnn"], r"data\.input_shape=\[784\] does not suit model=cnn.*HINT: set data\.input_shape=\[3,32,32\]"),
-        (["data.num_samples=100"], r"trainer\.batch_size=64 x trainer\.accumulate_grad_batches=1 is more than the 45 training samples each of 2 ranks"),
+        (
+            ["data.num_samples=100"],
+            r"trainer\.batch_size=64 x trainer\.accumulate_grad_batches=1 is more than the 45 training samples each of 2 ranks",
+        ),
         (
             ["data.num_samples=2", "data.val_fraction=0.5", "trainer.batch_size=1", "data.drop_last=false"],
             r"leaves 1 validation samples for 2 ranks",

@@ -1,0 +1,65 @@
+"""A DDP script written the way torchrun tutorials write them: nothing in it knows about hpc_train.
+
+    torchrun --nproc-per-node=2 ddp_tutorial.py --out DIR
+    python -m hpc_train script.path=ddp_tutorial.py 'script.args=[--out,DIR]'   # the same, from hpc_train
+
+Each rank trains a toy model for a few steps and writes what it saw to DIR/rank<RANK>.json.
+"""
+
+import argparse
+import json
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo")  # env:// reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    rank = dist.get_rank()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.manual_seed(0)
+
+    model = torch.nn.Linear(10, 1)
+    ddp_model = DDP(model)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    for _ in range(args.steps):
+        inputs = torch.randn(8, 10) + rank  # each rank sees different data
+        loss = ddp_model(inputs).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    seen = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": dist.get_world_size(),
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE",
+                "GROUP_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            )
+        },
+        "host": socket.gethostname(),
+        "weight_sum": float(model.weight.sum()),
+    }
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(seen, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
