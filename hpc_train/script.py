@@ -8,7 +8,8 @@ As under torchrun, the rendezvous store is not hosted by the script's rank 0 but
 the rank-0 worker, with TORCHELASTIC_USE_AGENT_STORE=True telling every script to connect as a client), and it
 stays up until every rank's script has exited. With rank 0's script hosting it, a rank 0 that finishes first
 takes the store down while the others are still tearing down their process groups, and they can abort
-("terminate called without an active exception").
+("terminate called without an active exception"). The script runs through ``hpc_train.script_boot``, which
+also frees DDP's process group before the interpreter shuts down (the same abort, from torch itself).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_d
     store = dist.TCPStore(  # type: ignore[attr-defined]
         env.master_addr, env.master_port, is_master=env.rank == 0, timeout=timeout, wait_for_workers=False
     )
-    target = [script.path] if script.path else ["-m", script.module]
+    target = ["-m", "hpc_train.script_boot", *([script.path] if script.path else ["-m", script.module])]
     child_env = {**os.environ, **torchrun_environment(env, cluster, run_dir), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     child = subprocess.Popen([sys.executable, *target, *script.args], env=child_env)
 

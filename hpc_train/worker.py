@@ -7,6 +7,7 @@ Launched by submitit (``run``), by an sbatch script or by hand: ``[srun|torchrun
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -74,6 +75,10 @@ def _train(rd: RunDir, env: DistEnv) -> None:
             trainer.fit()
         finally:
             trainer.close()
+            # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still
+            # holding tensors when the interpreter shuts down can abort the process (pytorch PR #179291).
+            del trainer
+            gc.collect()
 
 
 def _run_script(rd: RunDir, env: DistEnv, cfg: Config) -> None:

@@ -243,3 +243,29 @@ def test_logs_and_cancel(tmp_path: Path) -> None:
     slurm_out = cli("hpc_train.jobs", "logs", str(run_dir), "--slurm", cwd=tmp_path)
     assert "[rank 0] rank table (4 ranks)" in slurm_out.stdout
     assert f"JOB {job_id} ON node1 CANCELLED" in slurm_out.stdout
+
+
+def test_torchrun_style_script_on_two_nodes(tmp_path: Path) -> None:
+    """tests/scripts/ddp_tutorial.py, unchanged, on 2 nodes x 2 tasks."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_tutorial.py"
+    args = [*TWO_BY_TWO, "cluster.wait=true", f"script.path={script}", f"script.args=[--out,{out}]"]
+    proc = cli("hpc_train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    seen = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(s["rank"], s["local_rank"], s["world_size"]) for s in seen] == [(0, 0, 4), (1, 1, 4), (2, 0, 4), (3, 1, 4)]
+    assert [s["env"]["GROUP_RANK"] for s in seen] == ["0", "0", "1", "1"]
+    assert [s["host"] for s in seen] == ["node1", "node1", "node2", "node2"]
+    assert {s["env"]["MASTER_ADDR"] for s in seen} == {"node1"}
+    assert len({s["weight_sum"] for s in seen}) == 1, "DDP kept the ranks' weights in step"
+
+
+def test_notebook_api_on_slurm(tmp_path: Path) -> None:
+    from hpc_train.api import submit
+
+    run = submit(*TWO_BY_TWO, "trainer.max_steps=10", run_dir=tmp_path / "run")
+    result = run.result(timeout=180)
+    assert result["state"] == "COMPLETED" and result["final"]["step"] == 10
+    assert read_json(RunDir(tmp_path / "run").job_record)["job_id"]
+    assert_trained_on_two_hosts(tmp_path / "run")

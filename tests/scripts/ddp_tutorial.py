@@ -16,13 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-
-    dist.init_process_group(backend="gloo")  # env:// reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+def train(steps: int) -> dict:
     rank = dist.get_rank()
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.manual_seed(0)
@@ -30,14 +24,14 @@ def main() -> None:
     model = torch.nn.Linear(10, 1)
     ddp_model = DDP(model)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
-    for _ in range(args.steps):
+    for _ in range(steps):
         inputs = torch.randn(8, 10) + rank  # each rank sees different data
         loss = ddp_model(inputs).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-    seen = {
+    return {
         "rank": rank,
         "local_rank": local_rank,
         "world_size": dist.get_world_size(),
@@ -54,9 +48,19 @@ def main() -> None:
             )
         },
         "host": socket.gethostname(),
-        "weight_sum": float(model.weight.sum()),
+        "weight_sum": float(model.weight.detach().sum()),
     }
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo")  # env:// reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    seen = train(args.steps)
+    with open(os.path.join(args.out, f"rank{seen['rank']}.json"), "w") as f:
         json.dump(seen, f)
     dist.destroy_process_group()
 
