@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real multi-node Slurm cluster on one Debian 12 machine, for trying hpc_train and for its integration tests.
 #
-#   slurm/testbed.sh install   # apt-get install slurm-wlm munge slurmdbd mariadb-server (once)
+#   slurm/testbed.sh install   # apt-get install slurm-wlm munge slurmdbd mariadb-server iproute2 (once)
 #   slurm/testbed.sh start     # munge, MariaDB, slurmdbd, slurmctld and N slurmd "nodes" (idempotent)
 #   slurm/testbed.sh status    # what runs, and sinfo
 #   slurm/testbed.sh stop      # cancel jobs, stop daemons, remove namespaces and the /etc/hosts lines it added
@@ -56,7 +56,7 @@ need_root() { [ "$(id -u)" = 0 ] || die "needs root (it starts daemons and creat
 cmd_install() {
     need_root
     local missing=()
-    for pkg in slurm-wlm munge slurmdbd mariadb-server; do
+    for pkg in slurm-wlm munge slurmdbd mariadb-server iproute2; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -eq 0 ]; then
