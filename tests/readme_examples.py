@@ -17,8 +17,8 @@ def code_blocks(text: str) -> list[tuple[str, str]]:
     return re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
 
 
-def cli_examples() -> list[list[str]]:
-    """The arguments of every `python -m hpc_train ...` line in a bash block (comments dropped)."""
+def cli_examples(module: str = "hpc_train") -> list[list[str]]:
+    """The arguments of every `python -m <module> ...` line in a bash block (comments dropped)."""
     examples = []
     for readme in READMES:
         for lang, body in code_blocks(readme.read_text()):
@@ -26,9 +26,15 @@ def cli_examples() -> list[list[str]]:
                 continue
             for line in body.splitlines():
                 words = shlex.split(line, comments=True)
-                if words[:3] == ["python", "-m", "hpc_train"]:
+                if words[:3] == ["python", "-m", module]:
                     examples.append(words[3:])
     return examples
+
+
+def shrunk_study(args: list[str]) -> list[str]:
+    """A scaling example with its config overrides (after --) shrunk like any run."""
+    split = args.index("--")
+    return [*args[: split + 1], *shrunk(args[split + 1 :])]
 
 
 def module_files() -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ..readme_examples import cli_examples, is_slurm, shrunk
+from ..readme_examples import cli_examples, is_slurm, shrunk, shrunk_study
 from .conftest import cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
@@ -35,3 +35,10 @@ def test_slurm_example_runs(args: list[str], tmp_path: Path) -> None:
         assert "nothing submitted" in proc.stdout and (run_dir / "job.sbatch").is_file()
     else:
         assert (run_dir / "model_final.pt").is_file()
+
+
+@pytest.mark.parametrize("args", [a for a in cli_examples("hpc_train.scaling") if is_slurm(a)], ids=" ".join)
+def test_slurm_scaling_example_runs(args: list[str], tmp_path: Path) -> None:
+    proc = cli("hpc_train.scaling", *shrunk_study(args), cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "recommended (strong scaling" in proc.stdout and (tmp_path / "scaling" / "scaling.png").is_file()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import REPO
-from ..readme_examples import cli_examples, code_blocks, is_slurm, module_files, prepare_cwd, shrunk
+from ..readme_examples import cli_examples, code_blocks, is_slurm, module_files, prepare_cwd, shrunk, shrunk_study
 
 README = (REPO / "README.md").read_text()
 LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args)]
@@ -49,3 +49,15 @@ def test_local_examples_run(args: list[str], run_cli, tmp_path: Path) -> None:  
         assert "all 2 ranks completed" in proc.stdout
     else:
         assert (Path(run_dir) / "model_final.pt").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [a for a in cli_examples("hpc_train.scaling") if not is_slurm(a)], ids=" ".join)
+def test_local_scaling_example_runs(args: list[str], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "hpc_train.scaling", *shrunk_study(args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recommended (" in proc.stdout and list(tmp_path.rglob("scaling.png"))
