@@ -13,7 +13,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config import Config, check_override_keys, config_from_dict, register_configs
+from hpc_train.config import Config, check_override_keys, config_from_dict, override_keys, register_configs
 from hpc_train.errors import ConfigError
 from hpc_train.rundir import RunDir, atomic_write
 
@@ -48,23 +48,10 @@ def _app(raw: DictConfig) -> None:
         raise SystemExit(code)
 
 
-def _override_keys(argv: list[str]) -> list[str]:
-    """The plain ``key=value`` overrides on the command line (not ``+add``, ``~delete`` or Hydra's flags)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    candidates = [a for a in argv if "=" in a and not a.startswith(("-", "+", "~"))]
-    try:
-        overrides = OverridesParser.create().parse_overrides(candidates)
-    except HydraException:
-        return []  # let Hydra report the syntax error with its own message
-    return [o.key_or_group for o in overrides]
-
-
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
     try:
-        check_override_keys(_override_keys(sys.argv[1:]))
+        check_override_keys(override_keys(sys.argv[1:]))
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

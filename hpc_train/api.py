@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hpc_train.config import Config, check_override_keys, config_from_dict, register_configs
+from hpc_train.config import Config, check_override_keys, config_from_dict, override_keys, register_configs
 from hpc_train.errors import ConfigError, LaunchError
 from hpc_train.launch.state import JobState, job_state
 from hpc_train.rundir import RunDir
@@ -39,7 +39,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    check_override_keys([o.split("=", 1)[0] for o in overrides if "=" in o and not o.startswith(("+", "~"))])
+    check_override_keys(override_keys(list(overrides)))
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:

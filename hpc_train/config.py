@@ -46,6 +46,7 @@ __all__ = [
     "check_override_keys",
     "config_from_dict",
     "load_config",
+    "override_keys",
     "register_configs",
 ]
 
@@ -816,6 +817,19 @@ def _group_keys() -> dict[str, set[str]]:
     keys["model"] = {f.name for schema in MODEL_SCHEMAS.values() for f in fields(schema)}
     keys["optim"] = {f.name for schema in OPTIM_SCHEMAS.values() for f in fields(schema)}
     return keys
+
+
+def override_keys(argv: list[str]) -> list[str]:
+    """The keys of the plain ``key=value`` overrides in ``argv`` (not ``+add``, ``~delete`` or Hydra's flags)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    candidates = [a for a in argv if "=" in a and not a.startswith(("-", "+", "~"))]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except HydraException:
+        return []  # Hydra reports the syntax error itself, with its own message
+    return [o.key_or_group for o in overrides]
 
 
 def check_override_keys(keys: list[str]) -> None:

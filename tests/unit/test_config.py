@@ -5,22 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hpc_train.__main__ import write_config
-from hpc_train.config import CNNConfig, Config, MLPConfig, SGDConfig, config_from_dict, load_config, register_configs
+from hpc_train.api import compose_config
+from hpc_train.config import CNNConfig, Config, MLPConfig, SGDConfig, config_from_dict, load_config
 from hpc_train.errors import ConfigError
 from hpc_train.rundir import RunDir
 
-from ..conftest import CONF
-
 
 def composed(*overrides: str) -> Config:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        raw = compose(config_name="config", overrides=list(overrides))
-    return config_from_dict(raw)
+    """The config `python -m hpc_train <overrides>` would run (composed by Hydra, validated)."""
+    return compose_config(*overrides)
 
 
 def test_defaults() -> None:
