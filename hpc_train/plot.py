@@ -13,16 +13,25 @@ from typing import Any
 
 from hpc_train.train.metrics import read_metrics
 
-__all__ = ["main", "plot_compare", "plot_run"]
+__all__ = ["main", "plot_compare", "plot_run", "pyplot", "save"]
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot with the file-only Agg backend: works without a display, on compute nodes too."""
     import matplotlib
 
-    matplotlib.use("Agg")  # files only: works without a display, on compute nodes too
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save(fig: Any, path: Path) -> Path:
+    """Lay out, write as PNG, and free ``fig``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return path
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -36,7 +45,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no rows yet")
-    plt = _pyplot()
+    plt = pyplot()
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)
 
@@ -49,9 +58,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "loss.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "loss.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
     metric = "val_metric" if any("val_metric" in r for r in rows) else "val_acc"
@@ -64,15 +71,13 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     lr_ax.set_ylabel("learning rate")
     ax.grid(alpha=0.3)
     fig.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "metrics.png", dpi=100)
-    plt.close(fig)
+    save(fig, out / "metrics.png")
     return [out / "loss.png", out / "metrics.png"]
 
 
 def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Path:
     """One figure with ``key`` of every run."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for run_dir in run_dirs:
         ax.plot(*_series(read_metrics(run_dir / "metrics.jsonl"), key), "o-", label=run_dir.name)
@@ -80,10 +85,7 @@ def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Pat
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,12 +117,9 @@ def recommend(table: list[dict[str, Any]], threshold: float) -> dict[str, int]:
 
 
 def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
-    import matplotlib
+    from hpc_train.plot import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(10, 4))
     for key in sorted({(r["mode"], r["data_size"]) for r in table}, key=str):
         rows = sorted((r for r in table if (r["mode"], r["data_size"]) == key), key=lambda r: r["world_size"])
         label = key[0] + (f", n={key[1]}" if key[1] else "")
@@ -135,9 +132,7 @@ def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(fig, path)
 
 
 def run_study(points: list[Point], overrides: list[str], out: Path, timeout_s: float) -> list[float]:
