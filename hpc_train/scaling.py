@@ -127,7 +127,9 @@ def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
         ax_t.plot(worlds, [r["samples_per_s"] for r in rows], "o-", label=label)
         ax_e.plot(worlds, [r["efficiency"] for r in rows], "o-", label=label)
     ax_e.axhline(threshold, color="tab:red", linestyle="--", label=f"threshold {threshold:g}")
+    worlds = sorted({r["world_size"] for r in table})
     for ax, title in ((ax_t, "throughput (samples/s)"), (ax_e, "efficiency")):
+        ax.set_xticks(worlds)  # ranks are whole numbers
         ax.set_xlabel("world size (ranks)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
