@@ -25,7 +25,7 @@ from hpc_train.config import Config, check_override_keys, config_from_dict, over
 from hpc_train.errors import ConfigError, LaunchError
 from hpc_train.launch.state import JobState, job_state
 from hpc_train.rundir import RunDir
-from hpc_train.train.metrics import read_metrics
+from hpc_train.train.metrics import last_metrics, read_metrics
 
 __all__ = ["Run", "compose_config", "submit"]
 
@@ -88,16 +88,14 @@ class Run:
 
     def metrics(self) -> list[dict[str, Any]]:
         """All rows of metrics.jsonl so far."""
-        return read_metrics(self._rd.metrics) if self._rd.metrics.exists() else []
+        return read_metrics(self._rd.metrics)
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait, then the outcome: final metrics, paths; raises LaunchError if the run did not complete."""
         state = self.wait(timeout)
         if not state.ok:
             raise LaunchError(f"run {self.run_dir} ended {state.state}: {state.detail}")
-        final: dict[str, Any] = {}
-        for row in self.metrics():
-            final.update(row)
+        final = last_metrics(self._rd.metrics)
         best = self._rd.model_best
         return {
             "state": state.state,

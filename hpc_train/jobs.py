@@ -26,6 +26,7 @@ from typing import Any
 from hpc_train.launch.state import JobState, job_state
 from hpc_train.rundir import RunDir, read_json
 from hpc_train.textutil import format_table
+from hpc_train.train.metrics import last_metrics
 
 __all__ = ["main"]
 
@@ -88,21 +89,6 @@ def _world_size(run_dir: RunDir) -> int:
     return load_config(run_dir.config).cluster.world_size
 
 
-def _last_metrics(run_dir: RunDir) -> dict[str, Any]:
-    """The last value of each metric in metrics.jsonl."""
-    merged: dict[str, Any] = {}
-    try:
-        lines = run_dir.metrics.read_text().splitlines()
-    except OSError:
-        return merged
-    for line in lines:
-        try:
-            merged.update(json.loads(line))
-        except ValueError:
-            continue  # a line being written right now
-    return merged
-
-
 def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else ("-" if value is None else str(value))
 
@@ -144,7 +130,7 @@ def cmd_collect(runs: list[RunDir]) -> int:
     rows = []
     for index, (rd, record) in enumerate(zip(runs, records, strict=True)):
         state = _state(rd)
-        m = _last_metrics(rd)
+        m = last_metrics(rd.metrics)
         overrides = " ".join(o for o in record.get("overrides", []) if o not in shared) or "-"
         rows.append(
             [

@@ -18,7 +18,7 @@ from pathlib import Path
 from hpc_train.config import Config
 from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
-from hpc_train.rundir import RunDir, write_json_atomic
+from hpc_train.rundir import RunDir, read_json, write_json_atomic
 
 __all__ = ["main", "run"]
 
@@ -44,7 +44,8 @@ def run(run_dir: str | Path) -> None:
 
 def _last_step(rd: RunDir, env: DistEnv) -> int:
     """The step this rank last reported (its heartbeat), kept in its final status."""
-    return int(rd.read_statuses().get(env.rank, {}).get("step", 0))
+    status = read_json(rd.status_path(env.rank))
+    return int(status.get("step", 0)) if isinstance(status, dict) else 0
 
 
 def _train(rd: RunDir, env: DistEnv) -> None:

@@ -101,13 +101,14 @@ def _print_dry_run(cfg: Config, text: str, script: Path) -> None:
 
 
 def _command(argv: list[str], what: str) -> str:
+    """The command's stdout; LaunchError (with its stderr) when it fails or does not answer in time."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         raise LaunchError(f"{what} did not answer within {SUBMIT_TIMEOUT_S}s: {' '.join(argv)}") from None
     if proc.returncode != 0:
         raise LaunchError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout + proc.stderr
+    return proc.stdout
 
 
 def _test_only(script: Path) -> None:
@@ -123,7 +124,7 @@ def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
             "sbatch is not on PATH. HINT: submit from a login node, or use cluster.dry_run=true to write the script"
         )
     out = _command(["sbatch", "--parsable", str(script)], "sbatch")
-    job_id = out.strip().split(";")[0].splitlines()[-1]
+    job_id = out.strip().splitlines()[-1].split(";")[0]  # --parsable: "<id>[;<cluster>]"; warnings go to stderr
     if spec.is_array:
         outputs = [spec.output.replace("%A", job_id).replace("%a", str(i)) for i in range(len(spec.run_dirs))]
     else:

@@ -114,7 +114,8 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     job_id = str(record.get("job_id", ""))
     statuses = run_dir.read_statuses()
     squeue = squeue_state(job_id) if job_id else None
-    sacct = sacct_state(job_id) if job_id else None
+    # Accounting is asked only when squeue has no live answer: followers poll this every second.
+    sacct = sacct_state(job_id) if job_id and squeue not in ACTIVE_STATES else None
     base = JobState("UNKNOWN", done=False, ok=False, job_id=job_id, squeue=squeue, sacct=sacct, ranks=statuses)
 
     def verdict(state: str, done: bool, ok: bool = False, detail: str = "") -> JobState:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["MetricsWriter", "read_metrics"]
+__all__ = ["MetricsWriter", "last_metrics", "read_metrics"]
 
 
 class MetricsWriter:
@@ -27,5 +27,26 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """All complete rows of a metrics.jsonl file (none if it does not exist yet).
+
+    Rank 0 appends while others read, so a last line still being written is skipped, not an error.
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def last_metrics(path: Path) -> dict[str, Any]:
+    """The latest value of every metric (validation rows and train rows come at different steps)."""
+    merged: dict[str, Any] = {}
+    for row in read_metrics(path):
+        merged.update(row)
+    return merged

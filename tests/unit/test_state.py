@@ -159,3 +159,35 @@ def test_collect_lists_elements_with_their_own_overrides(
 def test_unknown_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert jobs_main(["--search", str(tmp_path), "status", "999"]) == 2
     assert "no run dir under" in capsys.readouterr().err
+
+
+def test_sacct_is_not_asked_while_squeue_lists_the_job(tmp_path: Path, scheduler) -> None:  # type: ignore[no-untyped-def]
+    scheduler(squeue="RUNNING\n", sacct="RUNNING\n")
+    sacct = tmp_path / "bin" / "sacct"
+    sacct.write_text(f"#!/bin/sh\ntouch {tmp_path / 'sacct-called'}\necho RUNNING\n")
+    assert job_state(run_dir_with(tmp_path, "5", {0: "running"}), 1).state == "RUNNING"
+    assert not (tmp_path / "sacct-called").exists()
+    scheduler(squeue=None, sacct="TIMEOUT\n")
+    assert job_state(RunDir(tmp_path / "run"), 1).state == "TIMEOUT"
+
+
+def test_sbatch_job_id_ignores_warnings_on_stderr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_train.config import ClusterConfig
+    from hpc_train.launch.sbatch import job_spec
+    from hpc_train.launch.slurm import _submit_sbatch
+
+    fake(tmp_path / "bin", "sbatch", "4242;testbed\n", 0, "sbatch: warning: no --mem given, using the default")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    spec = job_spec(ClusterConfig(launcher="slurm"), [tmp_path], tmp_path / "logs")
+    job_id, outputs = _submit_sbatch(tmp_path / "job.sbatch", spec)
+    assert job_id == "4242" and outputs == [str(tmp_path / "logs" / "slurm-4242.out")]
+
+
+def test_metrics_reader_skips_a_row_being_written(tmp_path: Path) -> None:
+    from hpc_train.train.metrics import last_metrics, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    assert read_metrics(path) == [] and last_metrics(path) == {}
+    path.write_text('{"step": 10, "train_loss": 1.5}\n{"step": 10, "val_loss": 2.0}\n{"step": 20, "train_lo')
+    assert [r["step"] for r in read_metrics(path)] == [10, 10]
+    assert last_metrics(path) == {"step": 10, "train_loss": 1.5, "val_loss": 2.0}
