@@ -97,6 +97,7 @@ MANAGED_SBATCH_FLAGS = {
     "exclude": "cluster.exclude",
     "job-name": "cluster.job_name",
     "signal": "cluster.signal and cluster.signal_lead_s",
+    "requeue": "cluster.max_restarts (hpc_train requeues after the preemption signal)",
     "array": "a multirun (-m) sweep",
     "output": "the run directory",
     "error": "the run directory",
@@ -183,6 +184,10 @@ class ClusterConfig(_Checked):
     """How long before the time limit the signal comes."""
     array_parallelism: int = 0
     """For sweeps: how many array elements may run at once (0: no limit)."""
+    max_restarts: int = 10
+    """After the preemption signal the job checkpoints and requeues itself, at most this many times."""
+    max_stalled_restarts: int = 2
+    """Requeues in a row that may end without a new step; one more and requeueing stops with an error."""
 
     def __post_init__(self) -> None:
         self._one_of("launcher", LAUNCHERS)
@@ -251,7 +256,7 @@ class ClusterConfig(_Checked):
             "must be at least 0 and shorter than the time limit",
             "e.g. cluster.signal_lead_s=90",
         )
-        for key in ("srun_wait_s", "array_parallelism"):
+        for key in ("srun_wait_s", "array_parallelism", "max_restarts", "max_stalled_restarts"):
             self._require(getattr(self, key) >= 0, key, "must be 0 or more", f"e.g. cluster.{key}=0")
         for flag in self.sbatch_args:
             managed = MANAGED_SBATCH_FLAGS.get(flag)
@@ -472,6 +477,11 @@ class TrainerConfig(_Checked):
     """How many periodic checkpoints to keep."""
     dist_timeout_s: float = 300.0
     """Timeout of the rendezvous and of every collective: a lost rank fails the job after this."""
+    preflight_timeout_s: float = 120.0
+    """How long ranks wait for each other at start-up (and for a first tiny all-reduce) before failing with the
+    list of ranks that arrived."""
+    watchdog_s: float = 900.0
+    """No step for this long: every rank dumps its thread stacks into its log and exits non-zero (0: off)."""
     progress_bar: bool = True
     """Show a progress bar on rank 0."""
     precision: str = "fp32"
@@ -525,6 +535,13 @@ class TrainerConfig(_Checked):
             self.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1", "e.g. trainer.keep_checkpoints=2"
         )
         self._require(self.dist_timeout_s > 0, "dist_timeout_s", "must be positive", "e.g. trainer.dist_timeout_s=300")
+        self._require(
+            self.preflight_timeout_s > 0,
+            "preflight_timeout_s",
+            "must be positive",
+            "e.g. trainer.preflight_timeout_s=120",
+        )
+        self._require(self.watchdog_s >= 0, "watchdog_s", "must be 0 (off) or more", "e.g. trainer.watchdog_s=900")
         self._one_of("precision", PRECISIONS)
         self._require(
             self.grad_clip_norm >= 0, "grad_clip_norm", "must be 0 (off) or more", "e.g. trainer.grad_clip_norm=1.0"

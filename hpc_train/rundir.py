@@ -25,10 +25,13 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool = True) -> None:
     """Call ``write`` on a temp file beside ``path``, fsync it, rename it into place, fsync the folder.
 
-    A reader, or a run resumed after a crash, sees the old file or the new one, never half of one.
+    A reader, or a run resumed after a crash, sees the old file or the new one, never half of one. With
+    ``durable=False`` the fsyncs are skipped: readers still never see half a file (the rename is atomic), but a
+    machine crash may lose the update. Right for heartbeats, which are rewritten often: two fsyncs cost ~9 ms
+    here, 5% of a small model's training time at one heartbeat every 10 steps.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -37,11 +40,14 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -49,9 +55,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         os.close(dir_fd)
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
+def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
     """Write ``obj`` as JSON with ``atomic_write``."""
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()))
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()), durable)
 
 
 def read_json(path: Path) -> Any:
@@ -97,9 +103,18 @@ class RunDir:
     def logs(self) -> Path:
         return self.path / "logs"
 
-    def rank_log(self, rank: int) -> Path:
-        """The log file of one rank."""
-        return self.logs / f"rank_{rank}.log"
+    def rank_log(self, rank: int, restart: int | None = None) -> Path:
+        """The log file of one rank: ``rank_<r>.log``, then ``rank_<r>.restart<k>.log`` after the k-th requeue or
+        resume. ``restart=None``: the newest one there is."""
+        if restart is None:
+            restarts = [int(p.name.split(".restart")[1][:-4]) for p in self.logs.glob(f"rank_{rank}.restart*.log")]
+            restart = max(restarts, default=0)
+        return self.logs / (f"rank_{rank}.log" if restart == 0 else f"rank_{rank}.restart{restart}.log")
+
+    @property
+    def restarts(self) -> Path:
+        """One entry per attempt that stopped on a signal: restart, step resumed from, step stopped at."""
+        return self.status_dir / "restarts.json"
 
     @property
     def job_record(self) -> Path:
@@ -125,7 +140,15 @@ class RunDir:
     def write_status(self, rank: int, state: str, **extra: Any) -> None:
         """Record a rank's state (starting, running, completed, failed) with its host and pid."""
         record = {"rank": rank, "state": state, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
-        write_json_atomic(self.status_path(rank), {**record, **extra})
+        # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
+        write_json_atomic(self.status_path(rank), {**record, **extra}, durable=False)
+
+    def clear_statuses(self) -> None:
+        """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
+        pid of the last attempt for a rank of this one."""
+        for path in self.status_dir.glob("rank_*.json"):
+            path.unlink(missing_ok=True)
+        (self.status_dir / "batch_exit.json").unlink(missing_ok=True)
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
         """The latest status of each rank that has written one."""

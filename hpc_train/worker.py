@@ -10,15 +10,20 @@ import argparse
 import gc
 import logging
 import os
+import signal
 import sys
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from hpc_train.config import Config
 from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
+from hpc_train.requeue import record_attempt, refusal, requeue, requeue_target, restart_count
 from hpc_train.rundir import RunDir, read_json, write_json_atomic
+from hpc_train.train.stopping import signal_number
 
 __all__ = ["main", "run"]
 
@@ -29,17 +34,20 @@ def run(run_dir: str | Path) -> None:
     """Train the job described by ``<run_dir>/config.yaml`` as this process's rank."""
     rd = RunDir(Path(run_dir))
     env = resolve_environment()
-    rd.write_status(env.rank, "starting")  # before the slow imports: the launcher can watch this pid from now
+    restart = restart_count()
+    rd.write_status(env.rank, "starting", restart=restart)  # before the slow imports: the launcher watches this pid
     try:
-        _setup_logging(rd, env)
-        _train(rd, env)
+        _setup_logging(rd, env, restart)
+        outcome = _train(rd, env, restart)
     except BaseException as exc:
-        tail = "".join(traceback.format_exception(exc)[-12:])
-        rd.write_status(
-            env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail, step=_last_step(rd, env)
-        )
+        _report_failure(rd, env, exc)
         raise
-    rd.write_status(env.rank, "completed", step=_last_step(rd, env))
+    rd.write_status(env.rank, outcome.state, step=outcome.step, restart=restart, **outcome.extra)
+
+
+def _report_failure(rd: RunDir, env: DistEnv, exc: BaseException) -> None:
+    tail = "".join(traceback.format_exception(exc)[-12:])
+    rd.write_status(env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail, step=_last_step(rd, env))
 
 
 def _last_step(rd: RunDir, env: DistEnv) -> int:
@@ -48,38 +56,101 @@ def _last_step(rd: RunDir, env: DistEnv) -> int:
     return int(status.get("step", 0)) if isinstance(status, dict) else 0
 
 
-def _train(rd: RunDir, env: DistEnv) -> None:
+@dataclass(frozen=True)
+class Outcome:
+    state: str
+    """completed, or stopped (checkpointed on a signal; requeued on Slurm)."""
+    step: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
     import torch
 
     from hpc_train.config import load_config
     from hpc_train.dist import distributed, format_rank_table, gather_rank_table, select_device
-    from hpc_train.train.trainer import Trainer
+    from hpc_train.train.stopping import StopSignals
+    from hpc_train.train.trainer import COMPLETED, Trainer
+    from hpc_train.train.watchdog import Watchdog
 
     cfg = load_config(rd.config)
     if cfg.script.enabled:
         _run_script(rd, env, cfg)
-        return
+        return Outcome("completed", 0)
     torch.set_num_threads(cfg.cluster.cpus_per_task)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
     device = select_device(env, use_cuda)
     fault = fault_from_env()
     if fault is not None:
         fault.maybe_fire(env.rank, step=0)  # step 0: before the rendezvous, where a lost rank hurts most
-    with distributed(env, device, timedelta(seconds=cfg.trainer.dist_timeout_s)):
-        rows = gather_rank_table(env, device)
-        if env.is_main:
-            log.info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
-            write_json_atomic(rd.rank_table, [row.as_dict() for row in rows])
-        rd.write_status(env.rank, "running")
-        trainer = Trainer(cfg, env, device, rd)
-        try:
-            trainer.fit()
-        finally:
-            trainer.close()
-            # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still
-            # holding tensors when the interpreter shuts down can abort the process (pytorch PR #179291).
-            del trainer
-            gc.collect()
+    tc = cfg.trainer
+    # Installed before the rendezvous: a signal that comes during start-up is kept and acted on after step 1.
+    stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT]).install()
+    stream = rd.rank_log(env.rank, restart).open("a")
+    watchdog = Watchdog(tc.watchdog_s, stream, lambda why: _watchdog_fired(rd, env, why)).start()
+    timeouts = timedelta(seconds=tc.dist_timeout_s), timedelta(seconds=tc.preflight_timeout_s)
+    try:
+        with distributed(env, device, *timeouts):
+            rows = gather_rank_table(env, device)
+            if env.is_main:
+                log.info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
+                write_json_atomic(rd.rank_table, [row.as_dict() for row in rows])
+            rd.write_status(env.rank, "running", restart=restart)
+            trainer = Trainer(cfg, env, device, rd, stop=stop, watchdog=watchdog)
+            try:
+                result = trainer.fit()
+                start_step, step, signum = trainer.start_step, trainer.step, trainer.stopped_by
+            finally:
+                trainer.close()
+                # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still
+                # holding tensors when the interpreter shuts down can abort the process (pytorch PR #179291).
+                del trainer
+                gc.collect()
+    finally:
+        watchdog.stop()
+        stop.restore()
+        stream.close()
+    if result == COMPLETED:
+        return Outcome("completed", step)
+    return _after_stop(rd, env, cfg, restart, start_step, step, signum)
+
+
+def _after_stop(
+    rd: RunDir, env: DistEnv, cfg: Config, restart: int, start_step: int, step: int, signum: int
+) -> Outcome:
+    """Every rank has saved the checkpoint of ``step``. On Slurm rank 0 requeues the job (within the limits)."""
+    extra: dict[str, Any] = {"signal": signum}
+    # Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
+    # preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
+    own = signum == signal_number(cfg.cluster.signal)
+    target = requeue_target() if env.source == "slurm" and own else None
+    if target is None:
+        log.warning(
+            "stopped at step %d on signal %d; checkpoint saved. Run again with the same run dir to resume", step, signum
+        )
+        return Outcome("stopped", step, extra)
+    if not env.is_main:
+        return Outcome("stopped", step, extra)
+    history = record_attempt(rd, restart, start_step, step, signum)
+    why_not = refusal(history, restart, cfg.cluster)
+    if why_not is not None:
+        raise RuntimeError(why_not)
+    extra["requeued"] = target
+    # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
+    rd.write_status(env.rank, "stopped", step=step, restart=restart, **extra)
+    log.warning(
+        "stopped at step %d on signal %d; checkpoint saved; requeueing %s (restart %d)",
+        step,
+        signum,
+        target,
+        restart + 1,
+    )
+    requeue(target)
+    return Outcome("stopped", step, extra)
+
+
+def _watchdog_fired(rd: RunDir, env: DistEnv, why: str) -> None:
+    rd.write_status(env.rank, "failed", error=why, traceback="(stacks in the rank log)", step=_last_step(rd, env))
 
 
 def _run_script(rd: RunDir, env: DistEnv, cfg: Config) -> None:
@@ -112,11 +183,11 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
 
 
-def _setup_logging(rd: RunDir, env: DistEnv) -> None:
+def _setup_logging(rd: RunDir, env: DistEnv, restart: int) -> None:
     """Each rank logs to ``logs/rank_<r>.log``; rank 0 also to the console, other ranks only warnings."""
     rd.logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(name)s: %(message)s")
-    file_handler = logging.FileHandler(rd.rank_log(env.rank))
+    file_handler = logging.FileHandler(rd.rank_log(env.rank, restart))
     file_handler.setFormatter(fmt)
     console = _ConsoleHandler()
     console.setFormatter(logging.Formatter(f"[rank {env.rank}] %(message)s"))

@@ -46,11 +46,14 @@ def select_device(env: DistEnv, use_cuda: bool) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
-def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> None:
+def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None) -> None:
     """Create the default process group: nccl for GPUs, gloo for CPUs; ``timeout`` bounds every collective.
 
     A one-process job uses an in-memory store, so it binds no port and works where networking is locked down.
+    Before that, a preflight (bounded by ``preflight``, default ``timeout``) checks that every rank reached the
+    store, then that a tiny all-reduce goes through; a failure names the ranks that arrived and the address.
     """
+    preflight = preflight or timeout
     if dist.is_initialized():
         raise RuntimeError("the default process group is already initialised")
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -61,13 +64,8 @@ def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> 
     if env.world_size == 1:
         store = dist.HashStore()  # type: ignore[attr-defined]
     else:
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            env.master_addr,
-            env.master_port,
-            world_size=env.world_size,
-            is_master=env.rank == 0,
-            timeout=timeout,
-        )
+        store = _rendezvous(env, preflight)
+        store.set_timeout(timeout)
     log.info(
         "init_process_group: backend=%s rank=%d world_size=%d store=%s:%d timeout=%ss",
         backend,
@@ -85,6 +83,65 @@ def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> 
         timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
+    if env.world_size > 1:
+        _first_all_reduce(env, device, preflight)
+
+
+def _where(env: DistEnv) -> str:
+    return f"MASTER_ADDR:MASTER_PORT={env.master_addr}:{env.master_port}"
+
+
+def _rendezvous(env: DistEnv, timeout: timedelta) -> Any:
+    """The TCPStore, once every rank has checked in; DistEnvironmentError naming the missing ranks otherwise."""
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            env.master_addr,
+            env.master_port,
+            world_size=env.world_size,
+            is_master=env.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as exc:
+        role = "could not listen on" if env.rank == 0 else "could not reach rank 0's store at"
+        raise DistEnvironmentError(
+            f"preflight: rank {env.rank} on {env.hostname} {role} {_where(env)} within {timeout.total_seconds():g}s "
+            f"({str(exc).splitlines()[0][:200]}). HINT: check that rank 0 started and that {env.master_addr} is "
+            "reachable from this node; trainer.preflight_timeout_s sets the wait"
+        ) from None
+    keys = [f"hpc_train/arrived/{r}" for r in range(env.world_size)]
+    store.set(keys[env.rank], env.hostname)
+    try:
+        store.wait(keys, timeout)
+    except RuntimeError:
+        arrived = [r for r, key in enumerate(keys) if store.check([key])]
+        missing = sorted(set(range(env.world_size)) - set(arrived))
+        raise DistEnvironmentError(
+            f"preflight: after {timeout.total_seconds():g}s only ranks {_ranges(arrived)} of {env.world_size} had "
+            f"reached the store at {_where(env)}; missing: ranks {_ranges(missing)}. HINT: a missing rank failed "
+            "before the rendezvous (see its log) or cannot reach the master node"
+        ) from None
+    return store
+
+
+def _first_all_reduce(env: DistEnv, device: torch.device, timeout: timedelta) -> None:
+    """One tiny all-reduce: the store works, but the data path (another interface, a firewall) may not."""
+    ones = torch.ones(1, device=device)
+    work = dist.all_reduce(ones, async_op=True)
+    try:
+        ok = work is not None and work.wait(timeout) and int(ones.item()) == env.world_size
+    except RuntimeError as exc:
+        raise DistEnvironmentError(
+            f"preflight: a first all-reduce over {env.world_size} ranks failed on rank {env.rank} "
+            f"({str(exc).splitlines()[0][:200]}); rendezvous was {_where(env)}. HINT: the nodes reach the store "
+            "but not each other: check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
+        ) from None
+    if not ok:
+        raise DistEnvironmentError(f"preflight: the first all-reduce summed to {ones.item()}, not {env.world_size}")
+
+
+def _ranges(ranks: list[int]) -> str:
+    return ",".join(str(r) for r in ranks) or "none"
 
 
 def teardown_distributed() -> None:
@@ -94,9 +151,11 @@ def teardown_distributed() -> None:
 
 
 @contextmanager
-def distributed(env: DistEnv, device: torch.device, timeout: timedelta) -> Iterator[None]:
+def distributed(
+    env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None
+) -> Iterator[None]:
     """``init_distributed`` on entry, ``teardown_distributed`` on exit, whatever happens in between."""
-    init_distributed(env, device, timeout)
+    init_distributed(env, device, timeout, preflight)
     try:
         yield
     finally:

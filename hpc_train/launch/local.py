@@ -7,11 +7,13 @@ pids), and once one has failed gives the others ``cluster.failure_grace_s`` to e
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +33,10 @@ POLL_S = 0.2
 
 def launch_local(cfg: Config, run_dir: RunDir) -> int:
     """Start ``cluster.tasks_per_node`` ranks here, stream rank 0's output, return the job's exit code."""
+    # A run dir that already has rank logs is being resumed: its ranks name their logs after the attempt.
+    attempts = len([*run_dir.logs.glob("rank_0.log"), *run_dir.logs.glob("rank_0.restart*.log")])
+    os.environ["HPC_TRAIN_RESTART"] = str(attempts)
+    run_dir.clear_statuses()
     executor = submitit.LocalExecutor(folder=run_dir.submitit)
     executor.update_parameters(
         tasks_per_node=cfg.cluster.tasks_per_node,
@@ -156,12 +162,36 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
                 _stop(job)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
-        _stop(job)
-        print(f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr)
-        return 130
+        if not _checkpoint_and_stop(job, run_dir, tails):
+            _stop(job)
+            print(
+                f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
+            )
+            return 130
     for tail in tails:
         tail.pump()
     return _outcome(run_dir, paths, cluster.world_size, reason)
+
+
+def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail], timeout_s: float = 120.0) -> bool:
+    """Ctrl-C or SIGTERM: ask every rank to checkpoint (SIGTERM, which they turn into a stop at the next step
+    boundary) and wait for them; True if they all ended that way. A second Ctrl-C gives up at once."""
+    print(
+        "\nhpc_train: interrupted; the ranks checkpoint at the end of this step (Ctrl-C again to kill)", file=sys.stderr
+    )
+    for status in run_dir.read_statuses().values():
+        if status.get("state") in ("starting", "running") and _pid_alive(int(status["pid"])):
+            with suppress(ProcessLookupError):
+                os.kill(int(status["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not job.done() and time.monotonic() < deadline:
+            for tail in tails:
+                tail.pump()
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        return False
+    return job.done() and all(s.get("state") == "stopped" for s in run_dir.read_statuses().values())
 
 
 def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:
@@ -169,6 +199,15 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
     if all(statuses.get(r, {}).get("state") == "completed" for r in range(world_size)):
         print(f"hpc_train: all {world_size} ranks completed. Run dir: {run_dir.path}", flush=True)
         return 0
+    if all(statuses.get(r, {}).get("state") == "stopped" for r in range(world_size)):
+        step = statuses[0].get("step", 0)
+        print(
+            f"hpc_train: stopped at step {step} on a signal; every rank is in checkpoints/step_{step:09d}.pt.\n"
+            f"  resume: python -m hpc_train hydra.run.dir={shlex.quote(str(run_dir.path))} <the same overrides>",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
     failures = _failures(run_dir, paths)
     lines = [f"hpc_train: job FAILED. Run dir: {run_dir.path}"]
     if reason:

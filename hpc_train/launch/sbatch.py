@@ -44,6 +44,8 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
         "job-name": cluster.job_name,
         # Steps only (no "B:"): the ranks checkpoint; the batch shell traps the signal and waits for them.
         "signal": f"{cluster.signal.upper().removeprefix('SIG')}@{cluster.signal_lead_s}",
+        # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
+        "requeue": None,
     }
     if cluster.gpus_per_node and cluster.gpu_binding == "task":
         flags["gpus-per-task"] = "1"

@@ -8,6 +8,7 @@ partition or an impossible request fails here, before anything is queued.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,8 @@ def submit_slurm(
         _print_dry_run(cfg, text, script)
         return []
     _test_only(script)
+    for rd in run_dirs:
+        rd.clear_statuses()
     if cfg.cluster.submit == "sbatch":
         array_id, outputs = _submit_sbatch(script, spec)
     else:
@@ -147,7 +150,12 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         "cpus_per_task": cluster.cpus_per_task,
         "time": int(flags.pop("time") or 1),
         "job_name": cluster.job_name,
-        "setup": quoted_setup(cluster),
+        # submitit's script runs srun in the foreground with no trap: `scancel --signal=USR2 --full` would kill
+        # the batch shell and fail the job while the ranks checkpoint. The ranks handle the signal; not bash.
+        "setup": [
+            shlex.join(["trap", f"echo 'hpc_train: batch shell got SIG{spec.signal}' >&2", spec.signal]),
+            *quoted_setup(cluster),
+        ],
         "srun_args": srun_argv(cluster)[1:],
         "array_parallelism": cluster.array_parallelism or len(run_dirs),
     }

@@ -1,7 +1,16 @@
-"""Atomic saving: a reader (or a resumed run) never sees half a file."""
+"""Checkpoints: written atomically, pruned to the newest K, and resumed from the newest one that loads.
+
+A checkpoint is one file per step, ``checkpoints/step_<9 digits>.pt``, written by rank 0 after every rank
+has sent it its random-number state, so a resumed run draws the same numbers on every rank as the
+uninterrupted run would have. Writing goes through a temp file, fsync and rename: a crash during the write
+leaves the previous checkpoint as the newest complete one. Loading uses ``weights_only=True`` (tensors,
+numbers, strings, lists and dicts only), so a checkpoint cannot run code when it is read.
+"""
 
 from __future__ import annotations
 
+import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +18,20 @@ import torch
 
 from hpc_train.rundir import atomic_write
 
-__all__ = ["prune_checkpoints", "save_atomic"]
+__all__ = [
+    "REQUIRED_KEYS",
+    "capture_rng",
+    "checkpoint_path",
+    "find_resumable",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "restore_rng",
+    "save_atomic",
+]
+
+log = logging.getLogger(__name__)
+
+REQUIRED_KEYS = frozenset({"model", "optimizer", "scheduler", "scaler", "step", "epoch", "step_in_epoch", "rng"})
 
 
 def save_atomic(obj: Any, path: Path) -> None:
@@ -17,7 +39,71 @@ def save_atomic(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:09d}.pt"
+
+
 def prune_checkpoints(folder: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` ``step_*.pt`` files (names sort by step: zero-padded)."""
     for old in sorted(folder.glob("step_*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """This rank's random-number state: torch (CPU and its GPU), Python's and numpy's global generators.
+
+    numpy's state becomes plain lists and numbers so that a ``weights_only`` load accepts it.
+    """
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional for torch
+        return state
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state["numpy"] = [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuples(state["python"]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint in ``path``; ValueError if it is damaged or incomplete."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read means the file is unusable
+        raise ValueError(f"{path} cannot be read ({type(exc).__name__}: {str(exc)[:200]})") from None
+    missing = REQUIRED_KEYS - set(state) if isinstance(state, dict) else REQUIRED_KEYS
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(sorted(missing))}")
+    return dict(state)
+
+
+def find_resumable(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint in ``folder`` that loads completely, with its content; damaged ones are skipped
+    with a warning (and left in place for inspection). None when there is none."""
+    for path in sorted(folder.glob("step_*.pt"), reverse=True):
+        try:
+            return path, load_checkpoint(path)
+        except ValueError as exc:
+            log.warning("skipping a damaged checkpoint: %s", exc)
+    return None

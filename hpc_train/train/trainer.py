@@ -7,12 +7,13 @@ collectives inside them line up across ranks without extra messages.
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
 import math
 import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,9 +23,16 @@ from tqdm import tqdm
 
 from hpc_train.config import Config
 from hpc_train.dist import DistEnv
-from hpc_train.faults import fault_from_env
-from hpc_train.rundir import RunDir
-from hpc_train.train.checkpoint import prune_checkpoints, save_atomic
+from hpc_train.faults import die_halfway, fault_from_env
+from hpc_train.rundir import RunDir, atomic_write
+from hpc_train.train.checkpoint import (
+    capture_rng,
+    checkpoint_path,
+    find_resumable,
+    prune_checkpoints,
+    restore_rng,
+    save_atomic,
+)
 from hpc_train.train.data import make_datasets, make_loaders
 from hpc_train.train.early_stopping import EarlyStopping
 from hpc_train.train.metrics import MetricsWriter
@@ -33,10 +41,17 @@ from hpc_train.train.observe import Observer
 from hpc_train.train.optim import build_optimizer, scaled_lr
 from hpc_train.train.precision import Precision
 from hpc_train.train.schedule import build_scheduler
+from hpc_train.train.stopping import StopSignals
 from hpc_train.train.strategy import wrap_model
 from hpc_train.train.usercode import build_loss, build_metric
+from hpc_train.train.watchdog import Watchdog
 
-__all__ = ["Trainer"]
+__all__ = ["COMPLETED", "STOPPED", "Trainer"]
+
+COMPLETED = "completed"
+"""fit() trained to the end (max_steps, max_epochs or early stopping)."""
+STOPPED = "stopped"
+"""fit() stopped on a signal after every rank saved the same checkpoint."""
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +59,27 @@ log = logging.getLogger(__name__)
 class Trainer:
     """Trains ``cfg.model`` on ``cfg.data``; rank 0 writes metrics, plots, checkpoints and the final model."""
 
-    def __init__(self, cfg: Config, env: DistEnv, device: torch.device, run_dir: RunDir) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        env: DistEnv,
+        device: torch.device,
+        run_dir: RunDir,
+        stop: StopSignals | None = None,
+        watchdog: Watchdog | None = None,
+    ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
+        self.stop = stop or StopSignals(())
+        self.watchdog = watchdog
         tc = cfg.trainer
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.
         torch.manual_seed(tc.seed)
         train_set, val_set = make_datasets(cfg.data)
-        self.train_loader, self.sampler, self.val_loader = make_loaders(
+        self.train_loader, self.sampler, self.val_loader, self.loader_rng = make_loaders(
             train_set, val_set, cfg.data, tc.batch_size, tc.seed, env, cuda=device.type == "cuda"
         )
         self.raw_model = build_model(cfg.model, cfg.data.input_shape, cfg.data.num_classes).to(device)
-        self.model, self.no_sync = wrap_model(self.raw_model, tc.strategy, device, tc.ddp)
+        self.model, self.no_sync = wrap_model(self.raw_model, tc.strategy, device, tc.ddp, env.world_size)
         self.loss_fn = build_loss(tc.loss)
         self.metric_name, self.metric_fn = build_metric(tc.metric)
         self.precision = Precision(tc.precision, device)
@@ -70,9 +95,17 @@ class Trainer:
         # From here on each rank draws its own random numbers (dropout), as in nanoGPT's seed offset.
         torch.manual_seed(tc.seed + env.rank)
 
+        # Control messages (stop flags, random states) go over gloo on the CPU: with NCCL they would make the
+        # host wait for the GPU at every step.
+        self.control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self.step = 0
         self.epoch = 0
-        self.metrics = MetricsWriter(run_dir.metrics, enabled=env.is_main)
+        self.step_in_epoch = 0
+        """Optimizer steps done in the current epoch: where a resumed run picks the data up again."""
+        self._epoch_loader_rng = self.loader_rng.get_state()
+        self.stopped_by = 0
+        """The signal that stopped training (0: none)."""
+        self.resumed_from: Path | None = None
         self.observer = Observer(cfg, env, device, run_dir)
         self.progress = tqdm(
             total=self.total_steps,
@@ -91,6 +124,13 @@ class Trainer:
         self._window_loss = torch.zeros((), device=device)
         self._step_lr = self.lr
         self._fault = fault_from_env()
+        self.first_step_at = 0.0
+        """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
+        self._rows_written = 0
+        self._resume()
+        self.start_step = self.step
+        """The step this attempt started from (0, or the resumed checkpoint's)."""
+        self.metrics = MetricsWriter(run_dir.metrics, enabled=env.is_main)  # after _resume, which may trim the file
 
     def _total_steps(self) -> int:
         tc = self.cfg.trainer
@@ -100,26 +140,55 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------------
 
-    def fit(self) -> None:
-        """Train until max_steps, max_epochs or early stopping, validating and writing metrics on the way."""
+    def fit(self) -> str:
+        """Train until max_steps, max_epochs, early stopping (COMPLETED) or a stop signal (STOPPED)."""
         self._announce()
         self._fit_start = self._window_start = time.perf_counter()
         self.model.train()
         self.observer.start()
-        epochs = range(self.cfg.trainer.max_epochs) if self.cfg.trainer.max_epochs else itertools.count()
-        for epoch in epochs:
-            self.epoch = epoch
-            self.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same permutation on every rank
-            batches = iter(self.train_loader)
-            for step_in_epoch in range(self.steps_per_epoch):
+        if self.step >= self.total_steps:  # resumed from a checkpoint taken at the very end
+            self._save_final()
+            return COMPLETED
+        max_epochs = self.cfg.trainer.max_epochs or math.inf
+        while self.epoch < max_epochs:
+            batches = self._epoch_batches()
+            while self.step_in_epoch < self.steps_per_epoch:
                 self._optimizer_step([next(batches) for _ in range(self.accumulate)])
                 self.step += 1
+                self.step_in_epoch += 1
+                if not self.first_step_at:
+                    self.first_step_at = time.time()
+                if self.watchdog is not None:
+                    self.watchdog.kick()
                 if self._fault is not None:
                     self._fault.maybe_fire(self.env.rank, self.step)
-                stop = self._after_step(end_of_epoch=step_in_epoch + 1 == self.steps_per_epoch)
-                if stop or self.step >= self.total_steps:
+                early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
+                if early_stop or self.step >= self.total_steps:
                     self._save_final()
-                    return
+                    return COMPLETED
+                self.stopped_by = self.stop.agree(self.control, torch.device("cpu"))
+                if self.stopped_by:
+                    self._save_checkpoint(f"signal {self.stopped_by}")
+                    return STOPPED
+            self.epoch += 1
+            self.step_in_epoch = 0
+        self._save_final()
+        return COMPLETED
+
+    def _epoch_batches(self) -> Any:
+        """An iterator over this epoch's batches, from where a resumed run left off.
+
+        The permutation depends only on seed and epoch (the same on every rank); the loader has its own
+        generator, saved as it was at the start of the epoch, so making the iterator does not draw from the
+        global random state (which would shift the dropout masks of a resumed run).
+        """
+        self.sampler.set_epoch(self.epoch)
+        self.sampler.skip = self.step_in_epoch * self.accumulate * self.cfg.trainer.batch_size
+        if self.step_in_epoch:
+            self.loader_rng.set_state(self._epoch_loader_rng)
+        else:
+            self._epoch_loader_rng = self.loader_rng.get_state()
+        return iter(self.train_loader)
 
     def _optimizer_step(self, micro_batches: list[Any]) -> None:
         """One optimizer step over ``accumulate`` micro-batches; gradients are all-reduced on the last only."""
@@ -177,7 +246,7 @@ class Trainer:
         dist.all_reduce(stats)  # sums over ranks: [sum of per-step mean losses, steps x world size]
         now = time.perf_counter()
         loss_sum, count = stats.tolist()
-        row = {
+        row: dict[str, Any] = {
             "step": self.step,
             "epoch": self.epoch,
             "train_loss": loss_sum / count,
@@ -185,6 +254,9 @@ class Trainer:
             "samples_per_s": self._window_steps * self.global_batch / max(now - self._window_start, 1e-9),
             "time_s": now - self._fit_start,
         }
+        if not self._rows_written:
+            row["first_step_at"] = self.first_step_at
+        self._rows_written += 1
         self._window_loss.zero_()
         self._window_steps = 0
         self._window_start = now
@@ -197,6 +269,8 @@ class Trainer:
         self.raw_model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, metric sum, count
         for inputs, targets in self.val_loader:
+            if self.watchdog is not None:
+                self.watchdog.kick("validating")
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             with self.precision.autocast():
@@ -266,21 +340,120 @@ class Trainer:
     def _config_dict(self) -> Any:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg))
 
-    def _save_checkpoint(self) -> None:
-        if not self.env.is_main:
-            return
-        folder = self.run_dir.checkpoints
-        state = {
+    def _save_checkpoint(self, why: str = "periodic") -> None:
+        """One checkpoint of the whole job; every rank calls this at the same step.
+
+        Each rank's random state is gathered to rank 0, which writes the file; the barrier at the end means
+        that when any rank returns, the checkpoint is complete on disk.
+        """
+        if self.watchdog is not None:
+            self.watchdog.kick("checkpointing")
+        # Per rank: the random state, and the loss summed since the last metrics row (a row after the resume
+        # then averages the same steps as the uninterrupted run's).
+        mine = {"rng": capture_rng(self.device), "window_loss": self._window_loss.detach().cpu()}
+        ranks: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(ranks, mine, group=self.control)
+        if self.env.is_main:
+            path = checkpoint_path(self.run_dir.checkpoints, self.step)
+            if self._fault is not None and self._fault.in_save(self.env.rank, self.step):
+                atomic_write(path, die_halfway)
+            save_atomic(self._checkpoint_state(ranks), path)
+            prune_checkpoints(self.run_dir.checkpoints, self.cfg.trainer.keep_checkpoints)
+            log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
+        dist.barrier(group=self.control)
+
+    def _checkpoint_state(self, ranks: list[Any]) -> dict[str, Any]:
+        return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "loader_rng": self._epoch_loader_rng,
+            "rng": [r["rng"] for r in ranks],
+            "window": [[r["window_loss"] for r in ranks], self._window_steps],
+            "world_size": self.env.world_size,
+            "early_stopping": [self.early_stopping.best, self.early_stopping.bad_validations],
             "config": self._config_dict(),
         }
-        save_atomic(state, folder / f"step_{self.step:09d}.pt")
-        prune_checkpoints(folder, self.cfg.trainer.keep_checkpoints)
+
+    def _resume(self) -> None:
+        """Continue from the newest complete checkpoint in the run dir, if there is one.
+
+        Rank 0 picks the file and tells the others, so all ranks load the same one even if a file system
+        shows them different listings.
+        """
+        choice: list[Any] = [None]
+        if self.env.is_main:
+            found = find_resumable(self.run_dir.checkpoints)
+            choice = [str(found[0]) if found else None]
+        dist.broadcast_object_list(choice, src=0, group=self.control)
+        if choice[0] is None:
+            return
+        path = Path(choice[0])
+        from hpc_train.train.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path)
+        if state.get("world_size") != self.env.world_size:
+            raise RuntimeError(
+                f"{path} was written by {state.get('world_size')} ranks, this run has {self.env.world_size}: the "
+                "random states and data shards would not line up. HINT: resume with the same cluster shape, or "
+                "start a new run directory"
+            )
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.step_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
+        if self.step_in_epoch >= self.steps_per_epoch:
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self._epoch_loader_rng = state["loader_rng"]
+        self.early_stopping.best, self.early_stopping.bad_validations = state["early_stopping"]
+        window_losses, self._window_steps = state["window"]
+        self._window_loss.copy_(window_losses[self.env.rank])
+        restore_rng(state["rng"][self.env.rank], self.device)
+        self._step_lr = self.optimizer.param_groups[0]["lr"]
+        self.resumed_from = path
+        if self.env.is_main:
+            self._drop_metrics_after(self.step)
+        self._prime_ddp_buckets()
+        log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
+
+    def _drop_metrics_after(self, step: int) -> None:
+        """Rows the interrupted attempt wrote after its checkpoint are redone by this one: drop them."""
+        from hpc_train.train.metrics import read_metrics
+
+        rows = [row for row in read_metrics(self.run_dir.metrics) if row.get("step", 0) <= step]
+        text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+        atomic_write(self.run_dir.metrics, lambda f: f.write(text.encode()))
+
+    def _prime_ddp_buckets(self) -> None:
+        """Give a resumed DDP model the gradient-bucket layout the uninterrupted run has at this step.
+
+        DDP all-reduces its first backward in buckets of parameter order, then rebuilds them in the order the
+        gradients became ready. The layout sets the summation order of gloo's ring all-reduce, so resuming
+        with the first-iteration layout would change the last bits of every later step. One forward and
+        backward on a throwaway batch (random state, buffers and gradients restored afterwards) makes DDP
+        rebuild before the first real step, as in the uninterrupted run.
+        """
+        if not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return
+        rng = capture_rng(self.device)  # first: making a DataLoader iterator draws from the global generator
+        loader = torch.utils.data.DataLoader(
+            self.train_loader.dataset, batch_size=2, collate_fn=self.train_loader.collate_fn
+        )
+        inputs, targets = next(iter(loader))
+        buffers = {k: v.clone() for k, v in self.raw_model.named_buffers()}
+        with self.precision.autocast():
+            loss = self.loss_fn(self.model(inputs.to(self.device)), targets.to(self.device))
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, buffer in self.raw_model.named_buffers():
+                buffer.copy_(buffers[name])
+        restore_rng(rng, self.device)
 
     def _save_weights(self, path: Any) -> None:
         save_atomic({k: v.detach().cpu().clone() for k, v in self.raw_model.state_dict().items()}, path)

@@ -9,6 +9,7 @@
 #SBATCH --ntasks-per-node=2
 #SBATCH --open-mode=append
 #SBATCH --output=/s/multirun/slurm/slurm-%A_%a.out
+#SBATCH --requeue
 #SBATCH --signal=USR2@90
 #SBATCH --time=60
 

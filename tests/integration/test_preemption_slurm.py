@@ -1,0 +1,162 @@
+"""Preemption on the real testbed: signal at a random step, requeue, resume, and compare to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_train.rundir import RunDir, read_json
+
+from .conftest import cli, wait_for_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
+
+# 2 nodes x 2 ranks, dropout on (each rank's generator matters), several epochs; slow enough (~5 s of steps) that
+# a signal lands mid-run.
+JOB = [
+    "cluster=slurm",
+    "cluster.nodes=2",
+    "cluster.tasks_per_node=2",
+    "data.num_samples=4096",
+    "model.hidden_sizes=[512,512]",
+    "model.dropout=0.1",
+    "trainer.max_steps=120",
+    "trainer.max_epochs=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.plots=false",
+    "trainer.tensorboard=false",
+    "trainer.progress_bar=false",
+]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model_final.pt", weights_only=True)
+
+
+def submit(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        proc = cli("hpc_train", *JOB, *extra, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(read_json(RunDir(run_dir).job_record)["job_id"])
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("baseline") / "run"
+    job_id = submit(run_dir)
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    return run_dir
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while min((s.get("step", 0) for s in RunDir(run_dir).read_statuses().values()), default=0) < step:
+        assert time.monotonic() < deadline, f"no step {step} within {timeout}s"
+        time.sleep(0.05)
+
+
+def assert_requeued_and_exact(run_dir: Path, baseline: Path, job_id: str, requeued_by_us: bool) -> None:
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=run_dir.parent).stdout)[0]
+    assert status["state"] == "COMPLETED", status
+    assert {s["restart"] for s in RunDir(run_dir).read_statuses().values()} == {1}  # SLURM_RESTART_COUNT=1
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert "resumed from" in log, log[-2000:]
+    history = read_json(RunDir(run_dir).restarts)
+    assert (history is not None) == requeued_by_us
+    wa, wb = final_weights(baseline), final_weights(run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
+
+
+@pytest.mark.parametrize(
+    ("submit_mode", "full"), [("submitit", False), ("sbatch", True)], ids=["submitit-steps", "sbatch-full"]
+)
+def test_usr2_at_a_random_step_requeues_and_resumes_exactly(
+    tmp_path: Path, baseline: Path, submit_mode: str, full: bool
+) -> None:
+    """`scancel --signal=USR2 [--full]`: every rank checkpoints the same step, rank 0 requeues, the rerun is exact."""
+    step = random.Random().randint(5, 80)
+    print(f"signalling at step {step}")
+    run_dir = tmp_path / "run"
+    job_id = submit(run_dir, f"cluster.submit={submit_mode}")
+    wait_for_step(run_dir, step)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=USR2", *(["--full"] if full else []), job_id], check=True, timeout=30)
+    assert_requeued_and_exact(run_dir, baseline, job_id, requeued_by_us=True)
+    history = read_json(RunDir(run_dir).restarts)
+    assert len(history) == 1 and history[0]["signal"] == signal.SIGUSR2 and history[0]["stopped_step"] >= step
+    print(f"stopped at step {history[0]['stopped_step']}; completed {time.monotonic() - signalled:.1f}s after USR2")
+
+
+def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Path) -> None:
+    """Slurm's own requeue sends SIGTERM (then SIGKILL after KillWait): the ranks checkpoint in between."""
+    run_dir = tmp_path / "run"
+    job_id = submit(run_dir)
+    wait_for_step(run_dir, random.Random().randint(5, 80))
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+    assert_requeued_and_exact(run_dir, baseline, job_id, requeued_by_us=False)
+    assert "signal 15" in (run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
+    """USR2 to element 1 of a 2-element sweep: only it restarts (`scontrol requeue A_1`); both complete."""
+    proc = cli(
+        "hpc_train",
+        "-m",
+        *[a for a in JOB if not a.startswith("cluster.nodes")],
+        "cluster.nodes=1",
+        "trainer.lr=1e-3,2e-3",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    element = RunDir(tmp_path / "sweep" / "1")
+    array_id = str(read_json(element.job_record)["array_job_id"])
+    wait_for_step(element.path, 20)
+    subprocess.run(["scancel", "--signal=USR2", f"{array_id}_1"], check=True, timeout=30)
+    assert wait_for_job(array_id, timeout=300) == "COMPLETED"
+    history = read_json(element.restarts)
+    assert history and len(history) == 1
+    assert read_json(element.status_path(0))["restart"] == 1
+    assert (element.path / "model_final.pt").is_file() and (tmp_path / "sweep" / "0" / "model_final.pt").is_file()
+    assert read_json(RunDir(tmp_path / "sweep" / "0").status_path(0))["restart"] == 0
+    assert read_json(element.status_path(0))["step"] == 120
+
+
+@pytest.mark.parametrize("kind", ["hang", "freeze"])
+def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path, kind: str) -> None:
+    """A rank that sleeps in a step, or is SIGSTOPped (which --kill-on-bad-exit never sees): the live ranks dump
+    their stacks into their logs and the job ends FAILED within the watchdog time."""
+    run_dir = tmp_path / "run"
+    job_id = submit(
+        run_dir,
+        "cluster.submit=sbatch",
+        "trainer.max_steps=100000",
+        "trainer.watchdog_s=10",
+        env={"HPC_TRAIN_FAULT": f"rank=3,step=5,kind={kind}"},
+    )
+    wait_for_step(run_dir, 1)
+    start = time.monotonic()
+    final = wait_for_job(job_id, timeout=120)
+    ended_after = time.monotonic() - start
+    assert final in ("FAILED", "CANCELLED"), final
+    assert ended_after < 10 + 60, f"took {ended_after:.0f}s"
+    for rank in (0, 1, 2):
+        log = (run_dir / "logs" / f"rank_{rank}.log").read_text()
+        assert "watchdog: no progress" in log and "most recent call first" in log, log[-1500:]
+    status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
+    assert status["done"] and not status["ok"] and "watchdog" in status["detail"], status
+    print(f"{kind}: job ended {ended_after:.1f}s after the first step (watchdog 10 s)")

@@ -1,0 +1,140 @@
+"""Stop on a signal, checkpoint on every rank, resume exactly; watchdog and preflight. Real local multi-process runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_train.rundir import RunDir
+
+# Dropout draws from each rank's own generator; 1400 samples / (2 x 32) = 19 steps an epoch, so 35 steps cross an
+# epoch boundary and a stop at step 13 is mid-epoch.
+JOB = [
+    "trainer.max_steps=35",
+    "trainer.max_epochs=0",
+    "data.num_samples=1400",
+    "trainer.batch_size=32",
+    "model.dropout=0.2",
+    "trainer.log_every_n_steps=5",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+    "trainer.tensorboard=false",
+]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model_final.pt", weights_only=True)
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, f"{different} differ: max {max((wa[k] - wb[k]).abs().max().item() for k in different)}"
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["train_loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("baseline") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *JOB],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize("fault", ["rank=1,step=13,kind=term", "rank=0,step=19,kind=usr2"])
+def test_stop_and_resume_is_bit_identical(run_cli, baseline: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
+    """A signal to one rank stops all of them at the same step with one checkpoint; the rerun finishes exactly."""
+    stopped, run_dir = run_cli(*JOB, env={"HPC_TRAIN_FAULT": fault})
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    step = int(fault.split("step=")[1].split(",")[0])
+    statuses = RunDir(run_dir).read_statuses()
+    assert {s["state"] for s in statuses.values()} == {"stopped"} and {s["step"] for s in statuses.values()} == {step}
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")] == [f"step_{step:09d}.pt"]
+    assert f"stopped at step {step}" in stopped.stderr and "resume: python -m hpc_train" in stopped.stderr
+
+    resumed, _ = run_cli(*JOB, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_bitwise_equal(baseline, run_dir)
+    assert losses(run_dir) == losses(baseline)  # metrics rows too: none lost, none twice
+    assert (run_dir / "logs" / "rank_0.restart1.log").is_file() and (run_dir / "logs" / "rank_1.log").is_file()
+    assert "resumed from" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
+
+
+def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL halfway through writing a checkpoint: the resumed run takes the previous one and still ends exact."""
+    job = [*JOB, "trainer.checkpoint_every_n_steps=5", "cluster.failure_grace_s=2"]
+    killed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=15,kind=killsave"})
+    assert killed.returncode == 1, killed.stderr[-2000:]
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_000000005.pt", "step_000000010.pt"]
+    assert list(folder.glob(".step_000000015.pt.*.tmp")), "the half-written file should be left as a temp file"
+    # A damaged file under the final name (a disk error, a copy cut short) is skipped the same way.
+    (folder / "step_000000015.pt").write_bytes(b"not a checkpoint")
+
+    resumed, _ = run_cli(*job, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert "skipping a damaged checkpoint" in log and "resumed from" in log and "step_000000010.pt" in log
+    assert_bitwise_equal(baseline, run_dir)
+
+
+@pytest.mark.parametrize("kind", ["hang", "freeze"])
+def test_watchdog_ends_a_hung_job(run_cli, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """One rank sleeps inside a step (or is SIGSTOPped): the live ranks dump their stacks and the job ends."""
+    start = time.monotonic()
+    proc, run_dir = run_cli(
+        *JOB,
+        "trainer.max_steps=100000",
+        "trainer.watchdog_s=4",
+        "cluster.failure_grace_s=2",
+        env={"HPC_TRAIN_FAULT": f"rank=1,step=3,kind={kind}"},
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert elapsed < 60, f"took {elapsed:.0f}s"
+    log0 = (run_dir / "logs" / "rank_0.log").read_text()
+    assert "watchdog: no progress" in log0 and "most recent call first" in log0, log0[-2000:]
+    assert "watchdog" in proc.stderr
+    if kind == "hang":  # the sleeping rank's own watchdog dumps its stack too: the sleep is in it
+        assert "faults.py" in (run_dir / "logs" / "rank_1.log").read_text()
+
+
+def test_ctrl_c_checkpoints_and_the_rerun_resumes(tmp_path: Path) -> None:
+    """SIGINT to the launcher (what Ctrl-C sends): the ranks checkpoint; the same command again finishes."""
+    job = [*JOB, "trainer.max_steps=400", "model.hidden_sizes=[512,512]"]
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *job]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not RunDir(run_dir).read_statuses().get(0, {}).get("step"):
+        assert time.monotonic() < deadline and launcher.poll() is None, "the run never reported a step"
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err[-3000:]
+    stopped_at = {s["step"] for s in RunDir(run_dir).read_statuses().values()}
+    assert len(stopped_at) == 1 and 0 < stopped_at.pop() < 400, err[-2000:]
+
+    resumed = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [s for s, _ in losses(run_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == 400  # each row once: the rerun redid none, lost none
