@@ -1,0 +1,75 @@
+"""Requeue decisions, the signal flag and the preflight's error, without a cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from datetime import timedelta
+
+import pytest
+
+from hpc_train.config import ClusterConfig
+from hpc_train.dist import DistEnv
+from hpc_train.dist.process_group import init_distributed
+from hpc_train.errors import DistEnvironmentError
+from hpc_train.requeue import refusal, requeue_target, restart_count
+from hpc_train.train.stopping import StopSignals, signal_number
+
+
+def attempt(resumed: int, stopped: int) -> dict[str, int]:
+    return {"restart": 0, "resumed_step": resumed, "stopped_step": stopped, "signal": 12}
+
+
+def test_requeue_target_is_array_aware() -> None:
+    assert requeue_target({"SLURM_JOB_ID": "107"}) == "107"
+    assert requeue_target({"SLURM_JOB_ID": "108", "SLURM_ARRAY_JOB_ID": "107", "SLURM_ARRAY_TASK_ID": "1"}) == "107_1"
+    assert requeue_target({}) is None
+
+
+def test_restart_count_prefers_slurm() -> None:
+    assert restart_count({"SLURM_RESTART_COUNT": "2", "HPC_TRAIN_RESTART": "5"}) == 2
+    assert restart_count({"HPC_TRAIN_RESTART": "1"}) == 1 and restart_count({}) == 0
+
+
+def test_refusal_counts_restarts_and_stalls() -> None:
+    cluster = ClusterConfig(launcher="slurm", max_restarts=3, max_stalled_restarts=1)
+    assert refusal([attempt(0, 40)], 0, cluster) is None
+    assert "already restarted 3 times (cluster.max_restarts=3)" in str(refusal([attempt(0, 40)], 3, cluster))
+    # One attempt without progress is tolerated, two in a row are not.
+    assert refusal([attempt(0, 40), attempt(40, 40)], 1, cluster) is None
+    why = refusal([attempt(0, 40), attempt(40, 40), attempt(40, 40)], 2, cluster)
+    assert why is not None and "stuck at step 40" in why and "HINT" in why
+
+
+def test_signal_handler_only_records_the_first_signal() -> None:
+    stop = StopSignals([signal_number("usr2"), signal.SIGTERM]).install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == signal.SIGUSR2
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+
+
+def test_preflight_names_the_missing_ranks() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=3,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=port,
+        source="single",
+        hostname=socket.gethostname(),
+    )
+    import torch
+
+    with pytest.raises(DistEnvironmentError, match=r"only ranks 0 of 3 .*127\.0\.0\.1:\d+; missing: ranks 1,2"):
+        init_distributed(env, torch.device("cpu"), timedelta(seconds=30), timedelta(seconds=1))
