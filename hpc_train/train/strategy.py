@@ -19,8 +19,8 @@ def wrap_model(
 ) -> tuple[nn.Module, Callable[[], AbstractContextManager[object]]]:
     """The wrapped model and a ``no_sync`` context for micro-steps whose gradients must not be all-reduced yet.
 
-    DDP with a single rank would all-reduce every gradient bucket with itself, and building the wrapper imports
-    torch._dynamo (about 0.9 s of start-up here): one rank trains the bare model instead.
+    DDP with a single rank would all-reduce every gradient bucket with itself after each backward: one rank
+    trains the bare model instead.
     """
     if strategy == "ddp" and world_size > 1:
         wrapped = DDP(
