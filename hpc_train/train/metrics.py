@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["MetricsWriter", "last_metrics", "read_metrics"]
+from hpc_train.rundir import atomic_write
+
+__all__ = ["MetricsWriter", "drop_rows_after", "last_metrics", "read_metrics"]
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True) + "\n"
 
 
 class MetricsWriter:
@@ -17,7 +23,7 @@ class MetricsWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(row, sort_keys=True) + "\n")
+            self._file.write(_line(row))
             self._file.flush()
 
     def close(self) -> None:
@@ -50,3 +56,9 @@ def last_metrics(path: Path) -> dict[str, Any]:
     for row in read_metrics(path):
         merged.update(row)
     return merged
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep only the rows up to ``step`` (atomically): a resumed run redoes the steps after its checkpoint."""
+    text = "".join(_line(row) for row in read_metrics(path) if row.get("step", 0) <= step)
+    atomic_write(path, lambda f: f.write(text.encode()))

@@ -7,7 +7,6 @@ collectives inside them line up across ranks without extra messages.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -29,13 +28,14 @@ from hpc_train.train.checkpoint import (
     capture_rng,
     checkpoint_path,
     find_resumable,
+    load_checkpoint,
     prune_checkpoints,
     restore_rng,
     save_atomic,
 )
 from hpc_train.train.data import make_datasets, make_loaders
 from hpc_train.train.early_stopping import EarlyStopping
-from hpc_train.train.metrics import MetricsWriter
+from hpc_train.train.metrics import MetricsWriter, drop_rows_after
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
 from hpc_train.train.optim import build_optimizer, scaled_lr
@@ -126,7 +126,7 @@ class Trainer:
         self._fault = fault_from_env()
         self.first_step_at = 0.0
         """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
-        self._rows_written = 0
+        self._first_row_written = False
         self._resume()
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
@@ -254,9 +254,9 @@ class Trainer:
             "samples_per_s": self._window_steps * self.global_batch / max(now - self._window_start, 1e-9),
             "time_s": now - self._fit_start,
         }
-        if not self._rows_written:
+        if not self._first_row_written:
             row["first_step_at"] = self.first_step_at
-        self._rows_written += 1
+            self._first_row_written = True
         self._window_loss.zero_()
         self._window_steps = 0
         self._window_start = now
@@ -386,16 +386,14 @@ class Trainer:
         shows them different listings.
         """
         choice: list[Any] = [None]
-        if self.env.is_main:
-            found = find_resumable(self.run_dir.checkpoints)
-            choice = [str(found[0]) if found else None]
+        found = find_resumable(self.run_dir.checkpoints) if self.env.is_main else None
+        if found is not None:
+            choice = [str(found[0])]
         dist.broadcast_object_list(choice, src=0, group=self.control)
         if choice[0] is None:
             return
         path = Path(choice[0])
-        from hpc_train.train.checkpoint import load_checkpoint
-
-        state = load_checkpoint(path)
+        state = found[1] if found is not None else load_checkpoint(path)  # rank 0 has read it already
         if state.get("world_size") != self.env.world_size:
             raise RuntimeError(
                 f"{path} was written by {state.get('world_size')} ranks, this run has {self.env.world_size}: the "
@@ -417,17 +415,9 @@ class Trainer:
         self._step_lr = self.optimizer.param_groups[0]["lr"]
         self.resumed_from = path
         if self.env.is_main:
-            self._drop_metrics_after(self.step)
+            drop_rows_after(self.run_dir.metrics, self.step)
         self._prime_ddp_buckets()
         log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
-
-    def _drop_metrics_after(self, step: int) -> None:
-        """Rows the interrupted attempt wrote after its checkpoint are redone by this one: drop them."""
-        from hpc_train.train.metrics import read_metrics
-
-        rows = [row for row in read_metrics(self.run_dir.metrics) if row.get("step", 0) <= step]
-        text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-        atomic_write(self.run_dir.metrics, lambda f: f.write(text.encode()))
 
     def _prime_ddp_buckets(self) -> None:
         """Give a resumed DDP model the gradient-bucket layout the uninterrupted run has at this step.
