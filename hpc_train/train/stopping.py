@@ -12,10 +12,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["StopSignals", "signal_number"]
 
@@ -50,6 +50,13 @@ class StopSignals:
 
     def agree(self, group: Any, device: torch.device) -> int:
         """The signal any rank of ``group`` received (0: none); a collective, so every rank calls it each step."""
+        # torch is imported here, not at the top: the launcher imports this module (signal_number) and must
+        # not pay torch's start-up second before it has started a single rank.
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_world_size(group) == 1:  # nobody to agree with: no collective
+            return self.received
         flag = torch.tensor([self.received], dtype=torch.int64, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return int(flag.item())
