@@ -21,6 +21,9 @@ __all__ = [
     "make_synthetic",
 ]
 
+_ADD_CHUNK = 2048
+"""Rows per in-place addition in make_synthetic (a few MB of temporary memory)."""
+
 
 class BatchedTensorDataset(TensorDataset):
     """In-memory tensors that the DataLoader reads a whole batch at a time.
@@ -64,7 +67,13 @@ def make_synthetic(cfg: DataConfig) -> tuple[BatchedTensorDataset, BatchedTensor
     means = torch.randn(cfg.num_classes, dim, generator=g)
     means *= cfg.class_separation / means.norm(dim=1, keepdim=True)
     y = torch.randint(cfg.num_classes, (cfg.num_samples,), generator=g)
-    x = (means[y] + torch.randn(cfg.num_samples, dim, generator=g)).reshape(cfg.num_samples, *shape)
+    x = torch.randn(cfg.num_samples, dim, generator=g)
+    # The class means are added in place, a slice at a time: `means[y] + noise` made two more tensors the size of
+    # the data set, and on a 2-core VM that tripled the data set's build time (0.77 s instead of 0.18 s for 30720
+    # MLP samples), which every rank pays before its first step. Same numbers: the draws come in the same order.
+    for start in range(0, cfg.num_samples, _ADD_CHUNK):
+        x[start : start + _ADD_CHUNK] += means[y[start : start + _ADD_CHUNK]]
+    x = x.reshape(cfg.num_samples, *shape)
     train, val = (x[cfg.num_val :], y[cfg.num_val :]), (x[: cfg.num_val], y[: cfg.num_val])
     return BatchedTensorDataset(*train), BatchedTensorDataset(*val)
 

@@ -51,6 +51,19 @@ def test_synthetic_data_is_deterministic_and_split() -> None:
     assert not torch.equal(train_a.tensors[0], other[0].tensors[0])
 
 
+def test_synthetic_data_is_the_class_mean_plus_unit_noise() -> None:
+    """make_synthetic adds the means in place, a slice at a time; the numbers are those of the plain formula."""
+    cfg = DataConfig(num_samples=5000, val_fraction=0.1, input_shape=[6], num_classes=3, class_separation=2.0)
+    train, val = make_synthetic(cfg)  # 5000 rows: more than one slice
+    g = torch.Generator().manual_seed(cfg.seed)
+    means = torch.randn(3, 6, generator=g)
+    means *= 2.0 / means.norm(dim=1, keepdim=True)
+    y = torch.randint(3, (5000,), generator=g)
+    x = means[y] + torch.randn(5000, 6, generator=g)
+    assert torch.equal(torch.cat([val.tensors[0], train.tensors[0]]), x)
+    assert torch.equal(torch.cat([val.tensors[1], train.tensors[1]]), y)
+
+
 @pytest.mark.parametrize(
     ("model", "shape"),
     [
