@@ -5,6 +5,10 @@ terminal sends SIGINT. Doing I/O or a collective inside a handler can deadlock (
 bytecodes of whatever the main thread was doing, possibly inside a collective), so the handler sets a number
 and returns. After every optimizer step the trainer all-reduces that number with MAX: if any rank got a
 signal, all ranks see it at the same step, checkpoint together and stop.
+
+The reduction is asynchronous: the one started after step k is read after step k+1, so its network round trip
+overlaps a step of compute instead of stalling every step (a blocking one cost 3-5% of a 2-rank CPU step).
+Every rank reads the same result at the same step, so they still stop together, one step after the signal.
 """
 
 from __future__ import annotations
@@ -12,10 +16,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import torch
+from typing import Any
 
 __all__ = ["StopSignals", "signal_number"]
 
@@ -32,6 +33,8 @@ class StopSignals:
         self.signums = sorted(set(signums))
         self.received = 0
         self._previous: dict[int, Any] = {}
+        self._pending: tuple[Any, Any] | None = None
+        """The reduction started by the last agree(): (work handle, flag tensor)."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Nothing but an assignment: see the module docstring.
@@ -48,15 +51,34 @@ class StopSignals:
             signal.signal(signum, previous)
         self._previous.clear()
 
-    def agree(self, group: Any, device: torch.device) -> int:
-        """The signal any rank of ``group`` received (0: none); a collective, so every rank calls it each step."""
+    def agree(self, group: Any) -> int:
+        """The signal some rank of ``group`` had received by the previous call (0: none).
+
+        A collective: every rank calls it after every step. It reads the reduction the previous call started
+        and, unless that says stop, starts the next one with this rank's flag. A gloo group: the flag is a CPU
+        tensor.
+        """
         # torch is imported here, not at the top: the launcher imports this module (signal_number) and must
         # not pay torch's start-up second before it has started a single rank.
         import torch
         import torch.distributed as dist
 
-        if dist.get_world_size(group) == 1:  # nobody to agree with: no collective
+        if dist.get_world_size(group) == 1:  # nobody to agree with: no collective, no delay
             return self.received
-        flag = torch.tensor([self.received], dtype=torch.int64, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        agreed = self._finish()
+        if not agreed:
+            flag = torch.tensor([self.received], dtype=torch.int64)
+            self._pending = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True), flag
+        return agreed
+
+    def settle(self) -> None:
+        """Complete the reduction in flight (every rank has one at the same step) before training ends."""
+        self._finish()
+
+    def _finish(self) -> int:
+        if self._pending is None:
+            return 0
+        work, flag = self._pending
+        self._pending = None
+        work.wait()  # bounded by the process group's timeout (and the watchdog)
         return int(flag.item())

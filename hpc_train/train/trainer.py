@@ -142,6 +142,11 @@ class Trainer:
 
     def fit(self) -> str:
         """Train until max_steps, max_epochs, early stopping (COMPLETED) or a stop signal (STOPPED)."""
+        result = self._fit()
+        self.stop.settle()
+        return result
+
+    def _fit(self) -> str:
         self._announce()
         self._fit_start = self._window_start = time.perf_counter()
         self.model.train()
@@ -166,7 +171,8 @@ class Trainer:
                 if early_stop or self.step >= self.total_steps:
                     self._save_final()
                     return COMPLETED
-                self.stopped_by = self.stop.agree(self.control, torch.device("cpu"))
+                # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
+                self.stopped_by = self.stop.agree(self.control)
                 if self.stopped_by:
                     self._save_checkpoint(f"signal {self.stopped_by}")
                     return STOPPED
