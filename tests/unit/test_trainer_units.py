@@ -77,7 +77,7 @@ def test_strategies_wrap(process_group) -> None:  # type: ignore[no-untyped-def]
     assert isinstance(ddp, DDP) and no_sync == ddp.no_sync
     assert isinstance(wrap_model(model, "dp", cpu, DDPConfig(), 1)[0], nn.DataParallel)
     assert wrap_model(model, "single", cpu, DDPConfig(), 1)[0] is model
-    # One rank needs no gradient all-reduce: the bare model, and no torch._dynamo import for DDP.
+    # One rank needs no gradient all-reduce: the bare model.
     assert wrap_model(model, "ddp", cpu, DDPConfig(), 1)[0] is model
 
 
