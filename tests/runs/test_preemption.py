@@ -125,7 +125,16 @@ def test_ctrl_c_checkpoints_and_the_rerun_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *job]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # As in a terminal: a shell starts background jobs (`cmd &`, as CI may run the suite) with SIGINT ignored,
+    # and Python keeps an ignored SIGINT ignored, so the launcher would never see the Ctrl-C.
+    launcher = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while not RunDir(run_dir).read_statuses().get(0, {}).get("step"):
         assert time.monotonic() < deadline and launcher.poll() is None, "the run never reported a step"
