@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -31,3 +32,11 @@ def run_cli(tmp_path: Path):  # type: ignore[no-untyped-def]
         return proc, run_dir
 
     return run
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    """The final weights of two run directories are identical to the last bit (resume tests, local and Slurm)."""
+    wa, wb = (torch.load(d / "model_final.pt", weights_only=True) for d in (a, b))
+    assert wa.keys() == wb.keys()
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, f"{different} differ: max {max((wa[k] - wb[k]).abs().max().item() for k in different)}"

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from hpc_train.rundir import RunDir, read_json
 
+from ..conftest import assert_bitwise_equal
 from .conftest import cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
@@ -35,10 +35,6 @@ JOB = [
     "trainer.tensorboard=false",
     "trainer.progress_bar=false",
 ]
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "model_final.pt", weights_only=True)
 
 
 def submit(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
@@ -77,8 +73,7 @@ def assert_requeued_and_exact(run_dir: Path, baseline: Path, job_id: str, requeu
     assert "resumed from" in log, log[-2000:]
     history = read_json(RunDir(run_dir).restarts)
     assert (history is not None) == requeued_by_us
-    wa, wb = final_weights(baseline), final_weights(run_dir)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
+    assert_bitwise_equal(baseline, run_dir)  # the resumed run ends exactly where the uninterrupted one does
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from hpc_train.rundir import RunDir
+
+from ..conftest import assert_bitwise_equal
 
 # Dropout draws from each rank's own generator; 1400 samples / (2 x 32) = 19 steps an epoch, so 35 steps cross an
 # epoch boundary and a stop at step 13 is mid-epoch.
@@ -28,17 +29,6 @@ JOB = [
     "trainer.plots=false",
     "trainer.tensorboard=false",
 ]
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "model_final.pt", weights_only=True)
-
-
-def assert_bitwise_equal(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not different, f"{different} differ: max {max((wa[k] - wb[k]).abs().max().item() for k in different)}"
 
 
 def losses(run_dir: Path) -> list[tuple[int, float]]:
