@@ -202,6 +202,13 @@ class ClusterConfig(_Checked):
         self._require(
             self.failure_grace_s >= 0, "failure_grace_s", "must be 0 or more", "e.g. cluster.failure_grace_s=15"
         )
+        if self.gpus_per_node:  # on every launcher: the local one gives its ranks gpus_per_node GPUs too
+            self._require(
+                self.tasks_per_node <= self.gpus_per_node,
+                "tasks_per_node",
+                f"{self.tasks_per_node} tasks per node would share {self.gpus_per_node} GPUs (NCCL needs one GPU per rank)",
+                f"set cluster.tasks_per_node={self.gpus_per_node} (or 0 for one task per GPU)",
+            )
         if self.launcher in ("local", "debug"):
             self._require(
                 self.nodes == 1,
@@ -223,13 +230,6 @@ class ClusterConfig(_Checked):
     def _check_slurm(self) -> None:
         self._one_of("submit", SUBMIT_MODES)
         self._one_of("gpu_binding", GPU_BINDINGS)
-        if self.gpus_per_node:
-            self._require(
-                self.tasks_per_node <= self.gpus_per_node,
-                "tasks_per_node",
-                f"{self.tasks_per_node} tasks per node would share {self.gpus_per_node} GPUs (NCCL needs one GPU per rank)",
-                f"set cluster.tasks_per_node={self.gpus_per_node} (or 0 for one task per GPU)",
-            )
         if self.gpu_binding == "task":
             self._require(
                 self.gpus_per_node > 0 and self.tasks_per_node == self.gpus_per_node,
@@ -746,6 +746,17 @@ class Config:
             raise ConfigError(
                 f"data.input_shape={shape} does not suit model=transformer, which needs [tokens, features]. "
                 "HINT: set data.input_shape=[16,49] (784 values as 16 tokens), or use model=mlp."
+            )
+        if (
+            self.trainer.device == "cuda"
+            and self.cluster.gpus_per_node == 0
+            and self.cluster.launcher != "debug"  # debug runs in this process and sees what this process sees
+            and not self.script.enabled
+        ):
+            raise ConfigError(
+                "trainer.device=cuda, but cluster.gpus_per_node=0 gives the ranks no GPU: the local launcher and "
+                "Slurm hide every GPU a job did not ask for. HINT: set cluster.gpus_per_node=1 (a GPU per rank: "
+                "the number of ranks on a node), or trainer.device=auto to train on the CPU."
             )
         world = self.cluster.world_size
         if self.trainer.strategy in ("dp", "single") and world != 1:

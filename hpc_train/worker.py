@@ -73,7 +73,7 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
     import torch
 
     from hpc_train.config import load_config
-    from hpc_train.dist import distributed, format_rank_table, gather_rank_table, select_device
+    from hpc_train.dist import auto_uses_cuda, distributed, format_rank_table, gather_rank_table, select_device
     from hpc_train.train.stopping import StopSignals
     from hpc_train.train.trainer import COMPLETED, Trainer
     from hpc_train.train.watchdog import Watchdog
@@ -84,7 +84,7 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
         _run_script(rd, env, cfg)
         return Outcome("completed", 0)
     torch.set_num_threads(cfg.cluster.cpus_per_task)
-    use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+    use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and auto_uses_cuda(env))
     device = select_device(env, use_cuda)
     fault = fault_from_env()
     if fault is not None:
@@ -107,6 +107,7 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
             try:
                 result = trainer.fit()
                 start_step, step, signum = trainer.start_step, trainer.step, trainer.stopped_by
+                peak = trainer.observer.memory()  # the final status keeps the peak GPU memory the heartbeats had
             finally:
                 trainer.close()
                 # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still
@@ -118,8 +119,8 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
         stop.restore()
         stream.close()
     if result == COMPLETED:
-        return Outcome("completed", step)
-    return _after_stop(rd, env, cfg, restart, start_step, step, signum)
+        return Outcome("completed", step, peak)
+    return _after_stop(rd, env, cfg, restart, start_step, step, signum, peak)
 
 
 def _startup_done() -> None:
@@ -137,10 +138,10 @@ def _startup_done() -> None:
 
 
 def _after_stop(
-    rd: RunDir, env: DistEnv, cfg: Config, restart: int, start_step: int, step: int, signum: int
+    rd: RunDir, env: DistEnv, cfg: Config, restart: int, start_step: int, step: int, signum: int, peak: dict[str, float]
 ) -> Outcome:
     """Every rank has saved the checkpoint of ``step``. On Slurm rank 0 requeues the job (within the limits)."""
-    extra: dict[str, Any] = {"signal": signum}
+    extra: dict[str, Any] = {"signal": signum, **peak}
     # Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
     # preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
     own = signum == signal_number(cfg.cluster.signal)

@@ -5,6 +5,7 @@ Public API::
     resolve_environment(environ=None) -> DistEnv   # torchrun > Slurm step > submitit local > single
     expand_hostlist(expr) -> list[str]             # Slurm hostlist, as `scontrol show hostnames`
     select_device(env, use_cuda) -> torch.device
+    auto_uses_cuda(env) -> bool                    # trainer.device=auto: a GPU for every local rank?
     distributed(env, device, timeout)              # context manager: init_distributed / teardown_distributed
     gather_rank_table(env, device), format_rank_table(rows)
 
@@ -30,6 +31,7 @@ from hpc_train.dist.hostlist import expand_hostlist, parse_tasks_per_node
 
 if TYPE_CHECKING:
     from hpc_train.dist.process_group import (
+        auto_uses_cuda,
         distributed,
         init_distributed,
         select_device,
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from hpc_train.dist.table import RankRow, format_rank_table, gather_rank_table
 
 _LAZY = {
+    "auto_uses_cuda": "process_group",
     "distributed": "process_group",
     "init_distributed": "process_group",
     "select_device": "process_group",
@@ -53,6 +56,7 @@ __all__ = [
     "DistEnv",
     "RankRow",
     "Source",
+    "auto_uses_cuda",
     "derive_port",
     "detect_source",
     "distributed",

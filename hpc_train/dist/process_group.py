@@ -15,7 +15,7 @@ import torch.distributed as dist
 from hpc_train.dist.env import DistEnv
 from hpc_train.errors import DistEnvironmentError
 
-__all__ = ["distributed", "init_distributed", "select_device", "teardown_distributed"]
+__all__ = ["auto_uses_cuda", "distributed", "init_distributed", "select_device", "teardown_distributed"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,12 @@ def select_device(env: DistEnv, use_cuda: bool) -> torch.device:
             f"(CUDA_VISIBLE_DEVICES={visible}). HINT: request GPUs (cluster.gpus_per_node) or set trainer.device=cpu."
         )
     if count == 1:
+        if _shares_one_gpu(env):
+            raise DistEnvironmentError(
+                f"{env.local_world_size} ranks on {env.hostname} would share its one visible GPU "
+                f"(CUDA_VISIBLE_DEVICES={visible}), and NCCL takes one rank per GPU. HINT: set "
+                "cluster.tasks_per_node=1 to train on the GPU, or trainer.device=cpu for several CPU ranks."
+            )
         return torch.device("cuda", 0)
     if env.local_rank >= count:
         raise DistEnvironmentError(
@@ -44,6 +50,33 @@ def select_device(env: DistEnv, use_cuda: bool) -> torch.device:
             "cluster.tasks_per_node to at most cluster.gpus_per_node, or bind one GPU per task."
         )
     return torch.device("cuda", env.local_rank)
+
+
+def _shares_one_gpu(env: DistEnv) -> bool:
+    """Several local ranks that see the same single GPU. Processes a local launcher or torchrun starts on one
+    machine inherit one CUDA_VISIBLE_DEVICES; under an srun step a single visible GPU is per-task binding (each
+    task sees its own), so only Slurm's ranks may each see one GPU."""
+    return env.local_world_size > 1 and env.source != "slurm"
+
+
+def auto_uses_cuda(env: DistEnv) -> bool:
+    """``trainer.device=auto``: CUDA when every local rank can have a GPU of its own, else the CPU (logged).
+
+    The default local job has 2 ranks; on a one-GPU workstation they would share the GPU, which NCCL refuses.
+    """
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return False
+    if count < env.local_world_size and (count > 1 or _shares_one_gpu(env)):
+        log.warning(
+            "trainer.device=auto: %d local ranks but %d GPU(s) visible, so this run trains on the CPU. HINT: set "
+            "cluster.tasks_per_node=%d to use the GPUs",
+            env.local_world_size,
+            count,
+            count,
+        )
+        return False
+    return True
 
 
 def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None) -> None:

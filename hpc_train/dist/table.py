@@ -23,6 +23,7 @@ class RankRow:
     local_rank: int
     node: int
     device: str
+    backend: str
     master: str
     source: str
     pid: int
@@ -39,6 +40,7 @@ def _own_row(env: DistEnv, device: torch.device) -> RankRow:
         local_rank=env.local_rank,
         node=env.node_rank,
         device=str(device),
+        backend=str(dist.get_backend()),
         master=f"{env.master_addr}:{env.master_port}",
         source=env.source,
         pid=os.getpid(),
@@ -60,6 +62,7 @@ _COLUMNS = [
     ("local_rank", "local"),
     ("node", "node"),
     ("device", "device"),
+    ("backend", "backend"),
     ("master", "MASTER_ADDR:PORT"),
     ("source", "source"),
 ]

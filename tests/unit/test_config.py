@@ -64,11 +64,19 @@ def test_group_options() -> None:
         ),
         (["optim=sgd", "optim.momentum=0", "optim.nesterov=true"], r"optim\.nesterov=True.*HINT"),
         (["model.dropout=1"], r"model\.dropout=1\.0 is invalid"),
+        (["trainer.device=cuda"], r"trainer\.device=cuda, but cluster\.gpus_per_node=0 gives the ranks no GPU.*HINT"),
+        (["cluster=slurm", "trainer.device=cuda"], r"cluster\.gpus_per_node=0 gives the ranks no GPU"),
+        (["cluster.gpus_per_node=1"], r"cluster\.tasks_per_node=2 is invalid: 2 tasks per node would share 1 GPUs"),
     ],
 )
 def test_rules(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         composed(*overrides)
+
+
+def test_cuda_without_gpus_is_fine_where_the_gpus_stay_visible() -> None:
+    assert composed("cluster=debug", "trainer.device=cuda").trainer.device == "cuda"  # in-process
+    assert composed("trainer.device=cuda", "cluster.gpus_per_node=2").cluster.tasks_per_node == 2
 
 
 def test_wrong_type_rejected_while_composing() -> None:

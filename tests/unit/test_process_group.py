@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from hpc_train.dist import (
     DistEnv,
+    auto_uses_cuda,
     distributed,
     format_rank_table,
     gather_rank_table,
@@ -20,7 +21,7 @@ from hpc_train.dist import (
 from hpc_train.errors import DistEnvironmentError
 
 
-def env_with(local_rank: int, local_world_size: int) -> DistEnv:
+def env_with(local_rank: int, local_world_size: int, source: str = "slurm") -> DistEnv:
     return DistEnv(
         rank=local_rank,
         local_rank=local_rank,
@@ -30,7 +31,7 @@ def env_with(local_rank: int, local_world_size: int) -> DistEnv:
         num_nodes=1,
         master_addr="n1",
         master_port=20001,
-        source="slurm",
+        source=source,  # type: ignore[arg-type]
         hostname="n1",
     )
 
@@ -61,6 +62,39 @@ def test_more_tasks_than_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
         select_device(env_with(3, 4), use_cuda=True)
 
 
+@pytest.mark.parametrize("source", ["submitit-local", "torchrun"])
+def test_local_ranks_may_not_share_one_gpu(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    """Ranks a local launcher or torchrun starts all see the same GPU: NCCL would refuse them at init."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DistEnvironmentError, match=r"2 ranks on n1 would share its one visible GPU.*tasks_per_node=1"):
+        select_device(env_with(1, 2, source), use_cuda=True)
+
+
+@pytest.mark.parametrize(
+    ("visible", "local_world", "source", "expected"),
+    [
+        (0, 1, "single", False),
+        (1, 1, "single", True),
+        (1, 2, "submitit-local", False),  # the default 2-rank job on a one-GPU workstation: CPU, with a warning
+        (1, 2, "slurm", True),  # per-task binding
+        (2, 4, "torchrun", False),
+        (4, 4, "torchrun", True),
+    ],
+)
+def test_auto_device(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    visible: int,
+    local_world: int,
+    source: str,
+    expected: bool,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: visible > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    assert auto_uses_cuda(env_with(0, local_world, source)) is expected
+    assert ("trains on the CPU" in caplog.text) is (visible > 0 and not expected)
+
+
 def test_no_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(DistEnvironmentError, match="sees no GPU"):
@@ -78,10 +112,11 @@ def test_single_process_group_lifecycle() -> None:
         assert t.tolist() == [1.0, 1.0]
     assert not dist.is_initialized()
     teardown_distributed()  # a second teardown is harmless
-    assert [r.rank for r in rows] == [0] and rows[0].source == "single"
+    assert [r.rank for r in rows] == [0] and rows[0].source == "single" and rows[0].backend == "gloo"
     text = format_rank_table(rows)
-    assert text.splitlines()[0].split() == ["host", "rank", "local", "node", "device", "MASTER_ADDR:PORT", "source"]
-    assert text.splitlines()[1].split()[1:] == ["0", "0", "0", "cpu", f"127.0.0.1:{env.master_port}", "single"]
+    header = ["host", "rank", "local", "node", "device", "backend", "MASTER_ADDR:PORT", "source"]
+    assert text.splitlines()[0].split() == header
+    assert text.splitlines()[1].split()[1:] == ["0", "0", "0", "cpu", "gloo", f"127.0.0.1:{env.master_port}", "single"]
 
 
 def test_teardown_after_failure() -> None:
