@@ -508,6 +508,9 @@ class TrainerConfig(_Checked):
     """Write PNG curves of metrics.jsonl to <run dir>/plots at the end (rank 0)."""
     profile_steps: int = 0
     """Record a torch.profiler trace of this many steps on rank 0 into <run dir>/profile (0: off)."""
+    compile: bool = False
+    """torch.compile the model (after the DDP wrap, so DDP's optimizer splits the graph at bucket boundaries).
+    The first steps take longer (compilation); later ones launch fewer, fused kernels."""
 
     def __post_init__(self) -> None:
         for key in ("max_epochs", "max_steps"):
@@ -685,6 +688,9 @@ class AdamWConfig(_Checked):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.01
+    fused: bool | None = None
+    """One fused kernel for the whole update instead of a few per parameter group. None: fused when the
+    parameters are on a GPU (fewer kernel launches per step), the multi-tensor (foreach) kernels on CPU."""
 
     def __post_init__(self) -> None:
         self._require(

@@ -36,5 +36,9 @@ def build_optimizer(
         return torch.optim.SGD(
             params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay
         )
+    params = list(params)
     beta1, beta2 = cfg.betas
-    return torch.optim.AdamW(params, lr=lr, betas=(beta1, beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    fused = cfg.fused if cfg.fused is not None else bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(
+        params, lr=lr, betas=(beta1, beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused or None
+    )

@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -80,6 +80,8 @@ class Trainer:
         )
         self.raw_model = build_model(cfg.model, cfg.data.input_shape, cfg.data.num_classes).to(device)
         self.model, self.no_sync = wrap_model(self.raw_model, tc.strategy, device, tc.ddp, env.world_size)
+        if tc.compile:
+            self.model = cast(torch.nn.Module, torch.compile(self.model))
         self.loss_fn = build_loss(tc.loss)
         self.metric_name, self.metric_fn = build_metric(tc.metric)
         self.precision = Precision(tc.precision, device)
@@ -434,7 +436,8 @@ class Trainer:
         backward on a throwaway batch (random state, buffers and gradients restored afterwards) makes DDP
         rebuild before the first real step, as in the uninterrupted run.
         """
-        if not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+        wrapped = getattr(self.model, "_orig_mod", self.model)  # under the torch.compile wrapper, if any
+        if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
             return
         rng = capture_rng(self.device)  # first: making a DataLoader iterator draws from the global generator
         loader = torch.utils.data.DataLoader(
