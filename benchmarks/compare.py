@@ -50,6 +50,8 @@ class Setup:
     precision: str
     timeout_s: float
     out: Path
+    extra: tuple[str, ...] = ()
+    """Further overrides for the hpc_train variant only (A/B of an option: trainer.compile=true, ...)."""
 
     def threads(self, ranks: int) -> int:
         return max(1, self.cores // ranks)
@@ -102,6 +104,7 @@ def hpc_train_overrides(workload: Workload, ranks: int, setup: Setup, run_dir: P
         f"hydra.run.dir={run_dir}",
         "cluster=local",
         f"cluster.tasks_per_node={ranks}",
+        f"cluster.gpus_per_node={ranks if setup.device == 'cuda' else 0}",  # 0 hides the GPUs from the ranks
         f"cluster.cpus_per_task={setup.threads(ranks)}",
         *workload.hpc_train_overrides,
         "optim=adamw",
@@ -118,6 +121,7 @@ def hpc_train_overrides(workload: Workload, ranks: int, setup: Setup, run_dir: P
         "trainer.plots=false",
         f"data.num_samples={workload.samples_needed(end, ranks)}",
         "data.val_fraction=0",
+        *setup.extra,
     ]
 
 
@@ -326,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument(
+        "--hpc-train-extra", nargs="*", default=[], help="more overrides for hpc_train only, e.g. trainer.compile=true"
+    )
     args = parser.parse_args(argv)
     try:
         workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
@@ -343,7 +350,16 @@ def main(argv: list[str] | None = None) -> int:
         ranks = [int(r) for r in args.ranks.split(",")]
     except ValueError as e:
         parser.error(str(e))
-    setup = Setup(args.warmup, args.steps, args.cores, args.device, args.precision, args.timeout, args.out)
+    setup = Setup(
+        args.warmup,
+        args.steps,
+        args.cores,
+        args.device,
+        args.precision,
+        args.timeout,
+        args.out,
+        tuple(args.hpc_train_extra),
+    )
     by_name = {w.name: w for w in workloads}
     samples = []
     order = schedule(variants, list(by_name), ranks, args.repeats)

@@ -43,6 +43,31 @@ def _cnn() -> nn.Module:
     )
 
 
+class _Transformer(nn.Module):
+    """hpc_train's TransformerClassifier written out: linear token embedding, learned positions, a pre-norm
+    encoder, mean pooling, a linear head (same parameter names, so the unit test can compare them)."""
+
+    def __init__(self, tokens: int, features: int, d_model: int, nhead: int, ff: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(features, d_model)
+        self.position = nn.Parameter(torch.zeros(1, tokens, d_model))
+        layer = nn.TransformerEncoderLayer(d_model, nhead, ff, 0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x) + self.position).mean(dim=1))  # type: ignore[no-any-return]
+
+
+_TOKENS, _FEATURES, _D_MODEL, _HEADS, _FF, _LAYERS = 128, 64, 768, 12, 3072, 6
+"""Sized for a GPU (a BERT-base-like encoder, ~43M parameters, 8192 tokens a step): the MLP and CNN are so
+small there that a step is mostly kernel launches."""
+
+
+def _transformer() -> nn.Module:
+    return _Transformer(_TOKENS, _FEATURES, _D_MODEL, _HEADS, _FF, _LAYERS)
+
+
 @dataclass(frozen=True)
 class Workload:
     """A model, its input shape and the per-rank batch size; AdamW (lr 1e-3) and cross-entropy throughout."""
@@ -68,6 +93,20 @@ WORKLOADS = {
         128,
         _cnn,
         ("model=cnn", "model.channels=[32,64]", "model.hidden_size=128", "data.input_shape=[3,32,32]"),
+    ),
+    "transformer": Workload(
+        "transformer",
+        (_TOKENS, _FEATURES),
+        64,
+        _transformer,
+        (
+            "model=transformer",
+            f"model.d_model={_D_MODEL}",
+            f"model.nhead={_HEADS}",
+            f"model.dim_feedforward={_FF}",
+            f"model.num_layers={_LAYERS}",
+            f"data.input_shape=[{_TOKENS},{_FEATURES}]",
+        ),
     ),
 }
 

@@ -61,3 +61,21 @@ def test_window_marks_must_fall_on_logging_steps() -> None:
     assert measure_marks(10, 40) == (10, 50)
     with pytest.raises(ValueError, match="multiples of 10"):
         measure_marks(5, 40)
+
+
+def test_trace_summary_counts_steps_gpu_busy_time_and_syncs() -> None:
+    from trace_summary import summarise
+
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 1000, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100, "dur": 300},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 300, "dur": 300},  # overlaps the first: counted once
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 1100, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 1500, "dur": 10},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 50, "dur": 200},
+    ]
+    s = summarise(events)
+    assert (s["steps"], s["step_ms"], s["kernels_per_step"], s["syncs_per_step"]) == (2, 1.0, 1.0, 0.5)
+    assert s["gpu_busy"] == pytest.approx(600 / 1100)  # busy 100-600 and 1100-1200 over a span of 100-1200
+    assert s["top_kernels_ms_per_step"] == [("gemm", 0.3)]
