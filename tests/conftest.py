@@ -13,6 +13,9 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 
+gpu_test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+"""Marks a test that needs a GPU: skipped on CPU-only machines (CI), run with ``pytest -m gpu`` where one is."""
+
 
 @pytest.fixture
 def run_cli(tmp_path: Path):  # type: ignore[no-untyped-def]
