@@ -13,7 +13,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config import Config, check_override_keys, config_from_dict, override_keys, register_configs
+from hpc_train.config import (
+    CONFIG_MODULE,
+    Config,
+    check_override_keys,
+    config_from_dict,
+    override_keys,
+    register_configs,
+)
 from hpc_train.errors import ConfigError
 from hpc_train.rundir import RunDir, atomic_write
 
@@ -31,7 +38,7 @@ def write_config(cfg: Config, run_dir: RunDir) -> None:
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
 def _app(raw: DictConfig) -> None:
     try:
         cfg = config_from_dict(raw)

@@ -21,7 +21,14 @@ from typing import Any
 
 import torch
 
-from hpc_train.config import Config, check_override_keys, config_from_dict, override_keys, register_configs
+from hpc_train.config import (
+    CONFIG_MODULE,
+    Config,
+    check_override_keys,
+    config_from_dict,
+    override_keys,
+    register_configs,
+)
 from hpc_train.errors import ConfigError, LaunchError
 from hpc_train.launch.state import JobState, job_state
 from hpc_train.rundir import RunDir
@@ -29,13 +36,12 @@ from hpc_train.train.metrics import last_metrics, read_metrics
 
 __all__ = ["Run", "compose_config", "submit"]
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 POLL_S = 1.0
 
 
 def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Config:
     """The validated config ``python -m hpc_train <overrides>`` would run; raises ConfigError."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -43,7 +49,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with initialize_config_module(config_module=CONFIG_MODULE.removeprefix("pkg://"), version_base="1.3"):
             raw = compose(config_name="config", overrides=[*overrides, *extra])
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None

@@ -1,4 +1,4 @@
-"""Typed config schema: values live in ``conf/*.yaml``, rules live here.
+"""Typed config schema: the defaults and rules live here; ``hpc_train/conf/*.yaml`` picks options.
 
 Every dataclass checks its own fields in ``__post_init__`` and raises ``ConfigError`` naming the key, the
 value and the fix; ``Config.__post_init__`` checks rules that span groups. ``OmegaConf.to_object`` runs these
@@ -28,6 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from hpc_train.errors import ConfigError
 
 __all__ = [
+    "CONFIG_MODULE",
     "MODEL_SCHEMAS",
     "OPTIM_SCHEMAS",
     "AdamWConfig",
@@ -50,6 +51,9 @@ __all__ = [
     "register_configs",
 ]
 
+
+CONFIG_MODULE = "pkg://hpc_train.conf"
+"""Where hpc_train's own YAML configs are: inside the package, so an installed wheel finds them from any folder."""
 
 _SIGNALS = {s.name.removeprefix("SIG") for s in _signal.Signals if s.name.startswith("SIG") and "_" not in s.name}
 
@@ -191,13 +195,14 @@ class ClusterConfig(_Checked):
 
     def __post_init__(self) -> None:
         self._one_of("launcher", LAUNCHERS)
+        # Before tasks_per_node is derived from it: a bad value is reported under the key the user typed.
+        self._require(
+            self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more", "set cluster.gpus_per_node=0 for CPU"
+        )
         if self.tasks_per_node == 0:
             self.tasks_per_node = self.gpus_per_node or 1
         for key in ("nodes", "tasks_per_node", "cpus_per_task"):
             self._require(getattr(self, key) >= 1, key, "must be at least 1", f"set cluster.{key}=1 or more")
-        self._require(
-            self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more", "set cluster.gpus_per_node=0 for CPU"
-        )
         self._require(self.timeout_min > 0, "timeout_min", "must be positive", "e.g. cluster.timeout_min=60")
         self._require(
             self.failure_grace_s >= 0, "failure_grace_s", "must be 0 or more", "e.g. cluster.failure_grace_s=15"
@@ -461,8 +466,8 @@ class TrainerConfig(_Checked):
     """Base learning rate, meant for a global batch of ``lr_reference_batch_size``."""
     lr_scaling: str = "none"
     """How the base LR follows the global batch: linear (SGD-like), sqrt (Adam-like) or none."""
-    lr_reference_batch_size: int = 64
-    """The global batch size the base LR was tuned for."""
+    lr_reference_batch_size: int = 128
+    """The global batch size the base LR was tuned for (128: the default job's 64 per rank x 2 ranks)."""
     seed: int = 0
     """Seed of model initialisation and data order; the same seed and world size give the same result."""
     device: str = "auto"
@@ -904,7 +909,12 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
+    schema = OmegaConf.structured(Config)
+    # Building the node runs ClusterConfig.__post_init__, which turns tasks_per_node=0 ("one task per GPU") into
+    # 1 for an empty cluster. Stored so, every composed config would start from 1, and a profile's
+    # gpus_per_node could no longer choose the task count. The node keeps the declared default instead.
+    schema.cluster.tasks_per_node = 0
+    cs.store(name="config_schema", node=schema)
     # Multirun sweeps go through hpc_train's launcher: one Slurm array, or local runs one after another.
     launcher = {"_target_": "hydra_plugins.hpc_train_launcher.launcher.HpcTrainLauncher"}
     cs.store(group="hydra/launcher", name="hpc_train", node=launcher, provider="hpc_train")

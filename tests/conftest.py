@@ -11,7 +11,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CONF = REPO / "conf"
+CONF = REPO / "hpc_train" / "conf"
 
 gpu_test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 """Marks a test that needs a GPU: skipped on CPU-only machines (CI), run with ``pytest -m gpu`` where one is."""

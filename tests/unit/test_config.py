@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
 from hpc_train.__main__ import write_config
 from hpc_train.api import compose_config
-from hpc_train.config import CNNConfig, Config, MLPConfig, SGDConfig, config_from_dict, load_config
+from hpc_train.config import (
+    AdamWConfig,
+    ClusterConfig,
+    CNNConfig,
+    Config,
+    MLPConfig,
+    SGDConfig,
+    config_from_dict,
+    load_config,
+)
 from hpc_train.errors import ConfigError
 from hpc_train.rundir import RunDir
+
+from ..conftest import CONF
 
 
 def composed(*overrides: str) -> Config:
@@ -67,6 +80,7 @@ def test_group_options() -> None:
         (["trainer.device=cuda"], r"trainer\.device=cuda, but cluster\.gpus_per_node=0 gives the ranks no GPU.*HINT"),
         (["cluster=slurm", "trainer.device=cuda"], r"cluster\.gpus_per_node=0 gives the ranks no GPU"),
         (["cluster.gpus_per_node=1"], r"cluster\.tasks_per_node=2 is invalid: 2 tasks per node would share 1 GPUs"),
+        (["cluster=slurm", "cluster.gpus_per_node=-2"], r"^cluster\.gpus_per_node=-2 is invalid: must be 0 or more"),
     ],
 )
 def test_rules(overrides: list[str], message: str) -> None:
@@ -117,3 +131,50 @@ def test_write_config_refuses_to_replace_another_run(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"already holds a run with a different config\.yaml"):
         write_config(composed("trainer.lr=0.5"), run_dir)
     assert run_dir.config.read_text() == before
+
+
+def _schema_of(yaml_file: Path) -> type:
+    from hpc_train.config import MODEL_SCHEMAS, OPTIM_SCHEMAS, ClusterConfig, DataConfig, TrainerConfig
+
+    group, option = yaml_file.parent.name, yaml_file.stem
+    by_option = {"model": MODEL_SCHEMAS, "optim": OPTIM_SCHEMAS}
+    return (
+        by_option[group][option]
+        if group in by_option
+        else {"cluster": ClusterConfig, "data": DataConfig, "trainer": TrainerConfig}[group]
+    )
+
+
+def _declared_default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default as written in the dataclass (not as __post_init__ may derive it)."""
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return f.default
+
+
+def _option_files() -> list[Path]:
+    return [p for p in sorted(CONF.glob("*/*.yaml")) if p.name != "custom.yaml"]  # custom: a _target_ only
+
+
+@pytest.mark.parametrize("yaml_file", _option_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_option_files_state_only_what_differs_from_the_schema(yaml_file: Path) -> None:
+    """One source of truth: a YAML value equal to the schema's default is a second copy that can drift (as
+    trainer.lr_reference_batch_size once did: 128 in YAML, 64 in the dataclass)."""
+    schema = _schema_of(yaml_file)
+    defaults = {f.name: _declared_default(f) for f in dataclasses.fields(schema)}
+    values = OmegaConf.to_container(OmegaConf.load(yaml_file))
+    assert isinstance(values, dict)
+    values.pop("defaults", None)
+    unknown = sorted(set(values) - set(defaults))
+    assert not unknown, f"{yaml_file.name} sets keys the schema {schema.__name__} lacks: {unknown}"
+    # name (model/optim/data) and launcher (cluster) say which option this is; they may equal the default.
+    restated = sorted(k for k, v in values.items() if k not in ("name", "launcher") and v == defaults[k])
+    assert not restated, f"{yaml_file} restates {schema.__name__}'s defaults for {restated}: remove them there"
+
+
+def test_default_job_is_the_schema_defaults() -> None:
+    """`hpc-train` with no overrides runs exactly what the dataclasses say, except what cluster/local.yaml
+    changes on purpose (2 ranks). Code that builds the dataclasses itself (notebooks, tests) gets the same."""
+    expected = Config(cluster=ClusterConfig(tasks_per_node=2), model=MLPConfig(), optim=AdamWConfig())
+    assert composed() == expected
