@@ -17,6 +17,7 @@ from hpc_train.config import (
     CONFIG_MODULE,
     Config,
     check_override_keys,
+    check_override_syntax,
     config_from_dict,
     override_keys,
     register_configs,
@@ -57,7 +58,13 @@ def _app(raw: DictConfig) -> None:
 
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        from hpc_train.cli_help import help_text
+
+        print(help_text(sys.argv[1:]))
+        return
     try:
+        check_override_syntax(sys.argv[1:])
         check_override_keys(override_keys(sys.argv[1:]))
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ from hpc_train.config import (
     CONFIG_MODULE,
     Config,
     check_override_keys,
+    check_override_syntax,
     config_from_dict,
     override_keys,
     register_configs,
@@ -45,6 +46,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    check_override_syntax(list(overrides))
     check_override_keys(override_keys(list(overrides)))
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []

@@ -45,6 +45,7 @@ __all__ = [
     "TrainerConfig",
     "TransformerConfig",
     "check_override_keys",
+    "check_override_syntax",
     "config_from_dict",
     "load_config",
     "override_keys",
@@ -81,6 +82,8 @@ class _Checked:
 
 
 LAUNCHERS = ("local", "debug", "slurm")
+HOSTLIST_KEYS = ("exclude",)
+"""ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
 SUBMIT_MODES = ("submitit", "sbatch")
 GPU_BINDINGS = ("node", "task")
 # sbatch flags hpc_train sets itself from the keys named here; cluster.sbatch_args may not set them.
@@ -235,6 +238,8 @@ class ClusterConfig(_Checked):
     def _check_slurm(self) -> None:
         self._one_of("submit", SUBMIT_MODES)
         self._one_of("gpu_binding", GPU_BINDINGS)
+        for key in HOSTLIST_KEYS:
+            self._check_hostlist(key)
         if self.gpu_binding == "task":
             self._require(
                 self.gpus_per_node > 0 and self.tasks_per_node == self.gpus_per_node,
@@ -280,6 +285,18 @@ class ClusterConfig(_Checked):
             else:
                 problem = "it is empty"
             self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+
+    def _check_hostlist(self, key: str) -> None:
+        from hpc_train.dist.hostlist import expand_hostlist
+
+        value = getattr(self, key)
+        if not value:
+            return
+        try:
+            expand_hostlist(value)
+        except ValueError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            self._require(False, key, f"not a Slurm hostlist ({reason})", f"e.g. cluster.{key}='\"node[07-08]\"'")
 
     def _warn_ignored(self) -> None:
         defaults = ClusterConfig.__dataclass_fields__
@@ -858,6 +875,34 @@ def _group_keys() -> dict[str, set[str]]:
     keys["model"] = {f.name for schema in MODEL_SCHEMAS.values() for f in fields(schema)}
     keys["optim"] = {f.name for schema in OPTIM_SCHEMAS.values() for f in fields(schema)}
     return keys
+
+
+_BRACKETED_VALUE = re.compile(r"([\w.]+)=([^\s'\"\[\],=]+\[[^'\"]*)")
+
+
+def check_override_syntax(argv: list[str]) -> None:
+    """Catch the override that Hydra's grammar cannot read because of an unquoted hostlist.
+
+    ``cluster.exclude=node[07-08]`` fails deep in Hydra's parser ("mismatched input '['"): brackets after text
+    are not valid there, since brackets start a list. The error here shows the quoted form that works.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        match = _BRACKETED_VALUE.fullmatch(arg)
+        if match is None:
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except HydraException:
+            key, value = match.groups()
+            raise ConfigError(
+                f"{arg} cannot be read: in an override, brackets start a list, so a hostlist such as {value} must "
+                f"be quoted for Hydra. HINT: write '{key}=\"{value}\"' (single quotes for the shell, double "
+                "quotes for Hydra)."
+            ) from None
 
 
 def override_keys(argv: list[str]) -> list[str]:
