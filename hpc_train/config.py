@@ -176,9 +176,9 @@ class ClusterConfig(_Checked):
     sbatch_args: dict[str, str] = field(default_factory=dict)
     """Extra sbatch flags without the dashes, e.g. {mail-type: END}; '' as a value gives a bare flag."""
     setup: list[str] = field(default_factory=list)
-    """Commands run before srun, e.g. 'module load cuda/12.4' or 'source /path/venv/bin/activate'. Each line is
-    split into words like a shell would and every word is quoted: no $VAR expansion, pipes or ';' (call a script
-    of your own for those)."""
+    """Shell lines run before srun, as written: 'source $HOME/venvs/train/bin/activate', 'module load cuda/12.4
+    && module load nccl', 'export DATA=$SCRATCH/imagenet', 'conda activate train'. They are your own shell code,
+    so $VARS expand and && or pipes work; hpc_train quotes every other value it writes into the script."""
     python: str = ""
     """The Python that runs the ranks on the compute nodes ('' = the one running `python -m hpc_train` now)."""
     srun_args: list[str] = field(default_factory=list)

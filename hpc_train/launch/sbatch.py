@@ -24,9 +24,9 @@ __all__ = [
     "emulate_rank_table",
     "format_emulated_table",
     "job_spec",
-    "quoted_setup",
     "render_sbatch",
     "sbatch_flags",
+    "setup_lines",
     "srun_argv",
 ]
 
@@ -64,9 +64,12 @@ def srun_argv(cluster: ClusterConfig) -> list[str]:
     return ["srun", "--kill-on-bad-exit=1", f"--wait={cluster.srun_wait_s}", "--unbuffered", *cluster.srun_args]
 
 
-def quoted_setup(cluster: ClusterConfig) -> list[str]:
-    """Setup lines as commands whose words are all quoted: `module load x` runs, `$(touch x)` stays text."""
-    return [shlex.join(shlex.split(line)) for line in cluster.setup]
+def setup_lines(cluster: ClusterConfig) -> list[str]:
+    """The setup lines exactly as the user wrote them: shell code from their own config, like submitit's
+    ``setup`` and NeMo-Run's ``setup_lines`` (``source $HOME/venv/bin/activate``, ``module load a && module
+    load b``). Everything else that reaches the script (job name, paths, srun arguments, sbatch values) is
+    quoted."""
+    return list(cluster.setup)
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def job_spec(cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, py
     name = "slurm-%A_%a.out" if len(run_dirs) > 1 else "slurm-%j.out"
     return JobSpec(
         flags=sbatch_flags(cluster),
-        setup=quoted_setup(cluster),
+        setup=setup_lines(cluster),
         srun=srun_argv(cluster),
         python=python or cluster.python or sys.executable,
         run_dirs=[Path(d) for d in run_dirs],

@@ -24,8 +24,8 @@ from hpc_train.launch.sbatch import (
     emulate_rank_table,
     format_emulated_table,
     job_spec,
-    quoted_setup,
     render_sbatch,
+    setup_lines,
     srun_argv,
 )
 from hpc_train.launch.state import job_state
@@ -154,7 +154,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         # the batch shell and fail the job while the ranks checkpoint. The ranks handle the signal; not bash.
         "setup": [
             shlex.join(["trap", f"echo 'hpc_train: batch shell got SIG{spec.signal}' >&2", spec.signal]),
-            *quoted_setup(cluster),
+            *setup_lines(cluster),
         ],
         "srun_args": srun_argv(cluster)[1:],
         "array_parallelism": cluster.array_parallelism or len(run_dirs),

@@ -126,7 +126,8 @@ def test_sweep_is_one_array(tmp_path: Path) -> None:
 
 
 def test_hostile_names_are_inert(tmp_path: Path) -> None:
-    """A job name, setup lines and a run-dir path full of shell syntax: submitted for real, nothing runs."""
+    """A job name, a run-dir path and a user-quoted setup value full of shell syntax: submitted for real,
+    nothing runs; setup lines are shell, so $HOME expands and && chains on the compute node."""
     hostile = "a$(touch x);`touch x`'q\"d"
     conf = tmp_path / "conf" / "cluster"
     conf.mkdir(parents=True)
@@ -138,7 +139,7 @@ def test_hostile_names_are_inert(tmp_path: Path) -> None:
         "nodes": 2,
         "tasks_per_node": 2,
         "job_name": hostile,
-        "setup": [f"echo {shlex.quote(hostile)}", "echo $(touch x); `touch x`"],
+        "setup": [f"echo {shlex.quote(hostile)}", 'cd "$HOME" && echo "setup ran in $(pwd) as $USER"'],
     }
     (conf / "hostile.yaml").write_text(json.dumps(values))
     run_dir = tmp_path / f"run {hostile}"
@@ -150,7 +151,10 @@ def test_hostile_names_are_inert(tmp_path: Path) -> None:
     # scontrol, not sacct: slurmdbd stores '"' in job names as '`'.
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
     assert shown.splitlines()[0].split(" JobName=", 1)[1] == hostile
-    assert hostile in Path(read_json(RunDir(run_dir).job_record)["slurm_output"]).read_text()
+    output = Path(read_json(RunDir(run_dir).job_record)["slurm_output"]).read_text()
+    assert hostile in output
+    home = os.path.expanduser("~")
+    assert f"setup ran in {home} as " in output  # $HOME, && and $(pwd) worked: the line ran as shell
     assert not list(tmp_path.rglob("x")), "a hostile value was executed"
     assert_trained_on_two_hosts(run_dir)
 
