@@ -191,6 +191,10 @@ class ClusterConfig(_Checked):
     """How long before the time limit the signal comes."""
     array_parallelism: int = 0
     """For sweeps: how many array elements may run at once (0: no limit)."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
+    CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
+    against these facts where it does not (a dry run on a laptop). Empty: nothing recorded."""
     max_restarts: int = 10
     """After the preemption signal the job checkpoints and requeues itself, at most this many times."""
     max_stalled_restarts: int = 2

@@ -8,7 +8,9 @@
 #   slurm/testbed.sh stop-dbd  # stop slurmdbd only (to see hpc_train work where sacct does not)
 #
 # Each node is a network namespace with its own hostname (node1, node2, ...) and address (10.77.0.11, ...) on a
-# bridge; the controller and slurmdbd run in the root namespace at 10.77.0.1. Everything the testbed writes
+# bridge; the controller and slurmdbd run in the root namespace at 10.77.0.1. Two partitions of different node
+# sizes: debug (the default: node1..nodeN, CPU only) and gpu (the next GPU_NODES nodes, each with more CPUs and
+# memory and 2 fake GPUs declared as GRES, gpu:tesla:2, so --gpus-per-node sets CUDA_VISIBLE_DEVICES). Everything the testbed writes
 # lives under $HPC_TESTBED_DIR (default /var/lib/hpc-train-testbed), plus /etc/slurm/slurm.conf (which it only
 # writes when absent or its own) and tagged lines in /etc/hosts. Needs root. See slurm/README.md.
 set -euo pipefail
@@ -16,6 +18,12 @@ set -euo pipefail
 NODES=${HPC_TESTBED_NODES:-2}
 CPUS=${HPC_TESTBED_CPUS:-4}            # CPUs each node declares; SlurmdParameters=config_overrides allows more than real
 MEM_MB=${HPC_TESTBED_MEM_MB:-4096}     # memory each node declares
+GPU_NODES=${HPC_TESTBED_GPU_NODES:-1}  # nodes of the gpu partition, after the CPU ones
+GPU_CPUS=8
+GPU_MEM_MB=8192
+GPUS=2                                 # fake GPUs per GPU node: character devices listed in gres.conf
+GPU_MAX_TIME=02:00:00
+TOTAL=$((NODES + GPU_NODES))
 STATE=${HPC_TESTBED_DIR:-/var/lib/hpc-train-testbed}
 SUBNET=10.77.0
 BRIDGE=hpctb0
@@ -23,6 +31,7 @@ TAG="# hpc-train-testbed"
 CLUSTER=testbed
 CONF=/etc/slurm/slurm.conf
 DBD_CONF=/etc/slurm/slurmdbd.conf
+GRES_CONF=/etc/slurm/gres.conf
 SOCKET=$STATE/run/mysqld.sock
 CTL_HOST=$(hostname -s)
 
@@ -69,7 +78,11 @@ cmd_install() {
 }
 
 write_configs() {
-    mkdir -p "$STATE"/{ctld,spool,log,run,mysql} /etc/slurm
+    mkdir -p "$STATE"/{ctld,spool,log,run,mysql,dev} /etc/slurm
+    for g in $(seq 0 $((GPUS - 1))); do
+        # The same major/minor as /dev/null: slurmd only needs a device file to hand out.
+        [ -c "$STATE/dev/gpu$g" ] || mknod "$STATE/dev/gpu$g" c 1 3
+    done
     if [ -f "$CONF" ] && ! grep -q "^$TAG" "$CONF"; then
         die "$CONF exists and was not written by this testbed; move it away first"
     fi
@@ -103,11 +116,24 @@ write_configs() {
         echo "JobAcctGatherType=jobacct_gather/none"
         echo "AccountingStorageType=accounting_storage/slurmdbd"
         echo "AccountingStorageHost=localhost"
+        echo "GresTypes=gpu"
         for i in $(seq 1 "$NODES"); do
             echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
         done
-        echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+        for i in $(seq $((NODES + 1)) "$TOTAL"); do
+            echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$GPU_CPUS RealMemory=$GPU_MEM_MB Gres=gpu:tesla:$GPUS State=UNKNOWN"
+        done
+        echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
+        if [ "$GPU_NODES" -gt 0 ]; then
+            echo "PartitionName=gpu Nodes=node[$((NODES + 1))-$TOTAL] MaxTime=$GPU_MAX_TIME State=UP"
+        fi
     } >"$CONF"
+    {
+        echo "$TAG"
+        for i in $(seq $((NODES + 1)) "$TOTAL"); do
+            echo "NodeName=node$i Name=gpu Type=tesla File=$STATE/dev/gpu[0-$((GPUS - 1))]"
+        done
+    } >"$GRES_CONF"
     {
         echo "$TAG"
         echo "AuthType=auth/munge"
@@ -159,7 +185,7 @@ setup_network() {
         ip addr add "$SUBNET.1/24" dev "$BRIDGE"
     fi
     ip link set "$BRIDGE" up
-    for i in $(seq 1 "$NODES"); do
+    for i in $(seq 1 "$TOTAL"); do
         local ns=hpctb-node$i
         if ! ip netns list | grep -qw "$ns"; then
             ip netns add "$ns"
@@ -183,7 +209,7 @@ start_slurmctld() {
 }
 
 start_slurmd() {
-    for i in $(seq 1 "$NODES"); do
+    for i in $(seq 1 "$TOTAL"); do
         if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")" slurmd; then continue; fi
         mkdir -p "$STATE/spool/node$i"
         # Own network namespace and hostname. Not `ip netns exec`: it remounts /sys and slurmd then dies with
@@ -213,11 +239,11 @@ cmd_start() {
     local deadline=$((SECONDS + 60))
     until nodes_idle; do
         # A node that was down (e.g. after a stop) returns with ReturnToService=2; nudge it if it lingers.
-        scontrol update nodename="node[1-$NODES]" state=resume >/dev/null 2>&1 || true
+        scontrol update nodename="node[1-$TOTAL]" state=resume >/dev/null 2>&1 || true
         [ $SECONDS -lt $deadline ] || { sinfo -N >&2; die "nodes did not become idle within 60s (logs: $STATE/log)"; }
         sleep 0.5
     done
-    log "up in $((SECONDS - t0))s: controller $CTL_HOST ($SUBNET.1), nodes node[1-$NODES], accounting on"
+    log "up in $((SECONDS - t0))s: controller $CTL_HOST ($SUBNET.1), nodes node[1-$TOTAL] (partition gpu: $GPU_NODES with $GPUS GPUs), accounting on"
 }
 
 kill_pidfile() {
@@ -246,7 +272,7 @@ cmd_stop() {
         local deadline=$((SECONDS + 30))
         while [ -n "$(squeue -h -t PD,R,CG,S 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
     fi
-    for i in $(seq 1 "$NODES"); do kill_pidfile "$STATE/run/slurmd-node$i.pid" "slurmd node$i" slurmd; done
+    for i in $(seq 1 "$TOTAL"); do kill_pidfile "$STATE/run/slurmd-node$i.pid" "slurmd node$i" slurmd; done
     kill_pidfile "$STATE/run/slurmctld.pid" slurmctld slurmctld
     kill_pidfile "$STATE/run/slurmdbd.pid" slurmdbd slurmdbd
     if alive "$(pid_of "$STATE/run/mysqld.pid")" mariadbd; then
@@ -254,7 +280,7 @@ cmd_stop() {
         log "stopped MariaDB"
     fi
     kill_pidfile /run/munge/munged.pid munged munged
-    for i in $(seq 1 "$NODES"); do
+    for i in $(seq 1 "$TOTAL"); do
         ip netns del "hpctb-node$i" 2>/dev/null || true
         ip link del "hpctbv$i" 2>/dev/null || true
     done
@@ -275,7 +301,7 @@ cmd_status() {
         name=${pair%%:*} file=${pair#*:}
         if alive "$(pid_of "$file")" "$name"; then echo "$name: running"; else echo "$name: stopped"; fi
     done
-    for i in $(seq 1 "$NODES"); do
+    for i in $(seq 1 "$TOTAL"); do
         if alive "$(pid_of "$STATE/run/slurmd-node$i.pid")" slurmd; then echo "slurmd node$i: running"; else echo "slurmd node$i: stopped"; fi
     done
     sinfo -N 2>/dev/null || true

@@ -19,6 +19,7 @@ from typing import Any
 
 from hpc_train.config import Config
 from hpc_train.errors import LaunchError
+from hpc_train.launch.facts import check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.sbatch import (
     JobSpec,
     emulate_rank_table,
@@ -62,6 +63,10 @@ def submit_slurm(
     cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
 ) -> list[str]:
     """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs)."""
+    # A dry run asks Slurm nothing: it is checked against the facts a profile recorded, if any.
+    facts = facts_for(cfg.cluster, live=not cfg.cluster.dry_run)
+    if facts is not None:
+        check_request(cfg.cluster, facts)
     spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir)
     script = (run_dirs[0].path if len(run_dirs) == 1 else log_dir) / "job.sbatch"
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
@@ -110,7 +115,8 @@ def _command(argv: list[str], what: str) -> str:
     except subprocess.TimeoutExpired:
         raise LaunchError(f"{what} did not answer within {SUBMIT_TIMEOUT_S}s: {' '.join(argv)}") from None
     if proc.returncode != 0:
-        raise LaunchError(f"{what} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        words = proc.stderr.strip() or proc.stdout.strip()
+        raise LaunchError(f"Slurm refused the request ({what}, exit {proc.returncode}): {explain_slurm_refusal(words)}")
     return proc.stdout
 
 
@@ -170,7 +176,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         else:
             jobs = executor.map_array(worker.run, [str(rd.path) for rd in run_dirs])
     except Exception as exc:
-        raise LaunchError(f"submitit could not submit the job: {exc}") from exc
+        raise LaunchError(f"submitit could not submit the job: {explain_slurm_refusal(str(exc))}") from exc
     array_id = jobs[0].job_id.split("_")[0]
     return array_id, [str(job.paths.stdout).replace("%t", "0") for job in jobs]
 

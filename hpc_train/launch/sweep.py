@@ -18,7 +18,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from hpc_train.config import Config, config_from_dict
-from hpc_train.errors import ConfigError
+from hpc_train.errors import ConfigError, LaunchError
 from hpc_train.rundir import RunDir
 
 __all__ = ["launch_sweep"]
@@ -60,6 +60,9 @@ def launch_sweep(
     except ConfigError as exc:
         print(f"hpc_train: config error in the sweep, nothing was submitted: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except LaunchError as exc:
+        print(f"hpc_train: nothing was submitted: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     # Local sweeps run one after another, each exactly like a single `python -m hpc_train` run.
     returns = []
     for sweep_config in sweep_configs:

@@ -159,13 +159,26 @@ def test_hostile_names_are_inert(tmp_path: Path) -> None:
     assert_trained_on_two_hosts(run_dir)
 
 
-def test_test_only_rejects_before_submission(tmp_path: Path) -> None:
+def test_unknown_partition_is_refused_before_submission(tmp_path: Path) -> None:
+    """Checked against the live cluster: one clean line naming the key and the partitions there are."""
     proc = cli(
         "hpc_train", *TWO_BY_TWO, "cluster.partition=nosuchpartition", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
     )
-    assert proc.returncode != 0
-    assert "--test-only" in proc.stderr and "partition" in proc.stderr.lower(), proc.stderr[-2000:]
+    assert proc.returncode == 2
+    assert "cluster.partition='nosuchpartition' cannot run: there is no partition" in proc.stderr, proc.stderr[-2000:]
+    assert "HINT: pick one of: " in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "job.json").exists()
+
+
+def test_test_only_refusal_names_the_key(tmp_path: Path) -> None:
+    """A request only Slurm can judge (a node feature no node has) is refused by sbatch --test-only: Slurm's
+    words plus the key to change, without a traceback, and nothing queued."""
+    run_dir = tmp_path / "run"
+    proc = cli("hpc_train", *TWO_BY_TWO, "cluster.constraint=nosuchfeature", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "nothing was submitted: Slurm refused the request (sbatch --test-only" in proc.stderr, proc.stderr[-2000:]
+    assert "HINT: change cluster.constraint" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (run_dir / "job.json").exists()
 
 
 def _rank_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
