@@ -48,9 +48,33 @@ def module_files() -> dict[str, str]:
     return files
 
 
+def user_conf_files() -> dict[str, str]:
+    """YAML blocks whose leading comments name a file `# conf/<group>/<name>.yaml`: the user repository's configs."""
+    files = {}
+    for lang, body in code_blocks((REPO / "README.md").read_text()):
+        header = [line for line in body.splitlines() if line.startswith("#")][:2]
+        names = [m[1] for m in (re.match(r"# (conf/[\w/-]+\.yaml)\b", line) for line in header) if m]
+        if lang == "yaml" and names:
+            files[names[0]] = body
+    return files
+
+
+def user_repo_examples() -> list[list[str]]:
+    """The arguments of every `hpc-train --config-dir conf ...` line: commands run inside the user's repository."""
+    examples = []
+    for lang, body in code_blocks((REPO / "README.md").read_text()):
+        if lang == "bash":
+            for line in body.splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:3] == ["hpc-train", "--config-dir", "conf"]:
+                    examples.append(words[1:])
+    return examples
+
+
 def prepare_cwd(path: Path) -> None:
-    """What the examples expect in their folder: the README's modules and the repo's tests/ (for scripts)."""
-    for name, body in module_files().items():
+    """What the examples expect in their folder: the README's modules and conf/ files, and the repo's tests/."""
+    for name, body in {**module_files(), **user_conf_files()}.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_text(body)
     (path / "tests").symlink_to(REPO / "tests")
 

@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 
 from ..conftest import REPO
-from ..readme_examples import cli_examples, code_blocks, is_slurm, module_files, prepare_cwd, shrunk, shrunk_study
+from ..readme_examples import (
+    cli_examples,
+    code_blocks,
+    is_slurm,
+    module_files,
+    prepare_cwd,
+    shrunk,
+    shrunk_study,
+    user_conf_files,
+    user_repo_examples,
+)
 
 README = (REPO / "README.md").read_text()
 LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args)]
@@ -61,3 +71,40 @@ def test_local_scaling_example_runs(args: list[str], tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recommended (" in proc.stdout and list(tmp_path.rglob("scaling.png"))
+
+
+def test_user_repository_example_is_complete() -> None:
+    assert set(user_conf_files()) == {
+        "conf/cluster/mycluster.yaml",
+        "conf/model/tiny.yaml",
+        "conf/experiment/quick.yaml",
+    }
+    examples = user_repo_examples()
+    assert len(examples) == 2 and any("cluster=mycluster" in e for e in examples)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [a for a in user_repo_examples() if "cluster=mycluster" not in a], ids=" ".join)
+def test_user_repository_runs_here(args: list[str], tmp_path: Path) -> None:
+    """The README's user repository (its own conf/ and model module, outside this repo) trains locally through
+    the installed console script; its model, data and experiment come from its own folder."""
+    import subprocess
+    import sys
+
+    repo = tmp_path / "myproject"
+    repo.mkdir()
+    prepare_cwd(repo)
+    hpc_train = Path(sys.executable).parent / "hpc-train"
+    proc = subprocess.run(
+        [str(hpc_train), *args, "hydra.run.dir=run", "trainer.progress_bar=false"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    from hpc_train.config import load_config
+
+    cfg = load_config(repo / "run" / "config.yaml")
+    assert cfg.model == {"_target_": "my_models.TinyNet", "width": 64} and cfg.trainer.max_steps == 40
+    assert (repo / "run" / "model_final.pt").is_file()

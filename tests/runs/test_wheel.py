@@ -1,0 +1,75 @@
+"""The package as a user gets it: sdist -> wheel -> a fresh venv, non-editable, run from an empty folder.
+
+Nothing of the checkout is importable there (no PYTHONPATH, another working directory), so the configs, the
+Hydra plugins and both entry points (`hpc-train`, `python -m hpc_train`) must all come from the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ..conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TORCH = "torch==2.13.0"  # first, on its own: an unpinned torch would pull GBs of CUDA packages
+
+
+def sh(*argv: str | Path, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{argv}: {proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel built from the sdist, installed the way a user installs it."""
+    base = tmp_path_factory.mktemp("wheel")
+    dist = base / "dist"
+    sh(sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(dist)!r})", cwd=REPO)
+    (sdist,) = dist.glob("hpc_train-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+    assert any(n.endswith("hpc_train/conf/config.yaml") for n in names), "the sdist lacks the configs"
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, sdist, cwd=base)
+    (wheel,) = dist.glob("hpc_train-*.whl")
+    env_dir = base / "venv"
+    sh(sys.executable, "-m", "venv", env_dir, cwd=base)
+    pip = [env_dir / "bin" / "python", "-m", "pip", "install", "-q"]
+    sh(*pip, TORCH, cwd=base)
+    sh(*pip, wheel, TORCH, cwd=base)
+    return env_dir
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HPC_TRAIN_CONFIG_PATH")}
+
+
+def test_installed_package_is_not_the_checkout(venv: Path, tmp_path: Path) -> None:
+    where = sh(
+        venv / "bin" / "python", "-c", "import hpc_train.conf as c; print(c.__file__)", cwd=tmp_path, env=clean_env()
+    )
+    assert "site-packages" in where and str(REPO) not in where
+
+
+@pytest.mark.parametrize("entry", ["hpc-train", "python -m hpc_train"])
+def test_default_job_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str) -> None:
+    argv = [venv / "bin" / "hpc-train"] if entry == "hpc-train" else [venv / "bin" / "python", "-m", "hpc_train"]
+    out = sh(*argv, "hydra.run.dir=run", "trainer.progress_bar=false", cwd=tmp_path, env=clean_env())
+    assert "job COMPLETED" in out or (tmp_path / "run" / "model_final.pt").is_file(), out[-2000:]
+    assert (tmp_path / "run" / "model_final.pt").is_file()
+    assert "rank table (2 ranks)" in out
+
+
+@pytest.mark.parametrize("entry", ["hpc-train", "python -m hpc_train"])
+def test_slurm_dry_run_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str) -> None:
+    argv = [venv / "bin" / "hpc-train"] if entry == "hpc-train" else [venv / "bin" / "python", "-m", "hpc_train"]
+    out = sh(*argv, "cluster=slurm", "cluster.dry_run=true", "hydra.run.dir=run", cwd=tmp_path, env=clean_env())
+    assert "dry run; nothing submitted" in out and "#SBATCH --nodes=1" in out
+    assert f"{venv}/bin/python" in (tmp_path / "run" / "job.sbatch").read_text()  # the ranks run the venv's Python
