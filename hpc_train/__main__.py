@@ -7,8 +7,6 @@ every rank reads it from there.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -24,24 +22,10 @@ from hpc_train.config import (
     override_keys,
     register_configs,
 )
-from hpc_train.errors import ConfigError, LaunchError
+from hpc_train.errors import ConfigError, exit_plainly
 from hpc_train.rundir import RunDir, atomic_write
 
 register_configs()
-
-
-@contextmanager
-def errors_told_plainly() -> Iterator[None]:
-    """A refused request or a failed submission ends with one line that says why and what to change, not
-    with a traceback under Hydra's "Error executing job"."""
-    try:
-        yield
-    except ConfigError as exc:
-        print(f"hpc_train: config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except LaunchError as exc:
-        print(f"hpc_train: nothing was submitted: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
 
 
 def write_config(cfg: Config, run_dir: RunDir) -> None:
@@ -67,7 +51,7 @@ def _app(raw: DictConfig) -> None:
 
     from hpc_train.launch import launch
 
-    with errors_told_plainly():
+    with exit_plainly():
         code = launch(cfg, run_dir)
     if code:
         raise SystemExit(code)

@@ -7,6 +7,10 @@ started or ended badly. Assertions are kept for programmer invariants only.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class HpcTrainError(Exception):
     """Base class of every error hpc_train raises on purpose."""
@@ -22,3 +26,17 @@ class DistEnvironmentError(HpcTrainError, RuntimeError):
 
 class LaunchError(HpcTrainError, RuntimeError):
     """A job could not be launched, or one of its ranks failed."""
+
+
+@contextmanager
+def exit_plainly(where: str = "") -> Iterator[None]:
+    """End a command on a user's mistake with one line on stderr, not a traceback: ConfigError exits 2,
+    LaunchError 1. Nothing was submitted when either comes before submission; ``where`` says what failed."""
+    try:
+        yield
+    except ConfigError as exc:
+        print(f"hpc_train: config error{where}, nothing was submitted: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except LaunchError as exc:
+        print(f"hpc_train: nothing was submitted{where}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -7,7 +7,6 @@ as soon as Slurm has the array (hydra#2479: sweeps that block the terminal until
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -18,7 +17,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from hpc_train.config import Config, config_from_dict
-from hpc_train.errors import ConfigError, LaunchError
+from hpc_train.errors import ConfigError, exit_plainly
 from hpc_train.rundir import RunDir
 
 __all__ = ["launch_sweep"]
@@ -52,17 +51,11 @@ def launch_sweep(
     """Hydra's Launcher.launch for hpc_train."""
     setup_globals()
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
-    try:
+    with exit_plainly(" in the sweep"):
         typed = [config_from_dict(c) for c in sweep_configs]
         if typed and typed[0].cluster.launcher == "slurm":
             _check_one_request(typed)
             return _submit_array(typed, sweep_configs, job_overrides)
-    except ConfigError as exc:
-        print(f"hpc_train: config error in the sweep, nothing was submitted: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except LaunchError as exc:
-        print(f"hpc_train: nothing was submitted: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
     # Local sweeps run one after another, each exactly like a single `python -m hpc_train` run.
     returns = []
     for sweep_config in sweep_configs:
