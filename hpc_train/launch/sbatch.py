@@ -126,14 +126,16 @@ def render_sbatch(spec: JobSpec) -> str:
         *(_flag_line(k, flags[k]) for k in sorted(flags)),
         "",
         "# ---- setup ----",
-        "set -u",
     ]
     if spec.is_array:
         lines.append("RUN_DIRS=(" + " ".join(shlex.quote(str(d)) for d in spec.run_dirs) + ")")
         lines.append("RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}")
     else:
         lines.append(f"RUN_DIR={shlex.quote(str(spec.run_dirs[0]))}")
-    lines += spec.setup
+    if spec.setup:
+        # Before `set -u`: conda's and Lmod's shell functions read variables that may be unset.
+        lines += ["# cluster.setup, as written (shell)", *spec.setup]
+    lines.append("set -u")
     command = shlex.join([*spec.srun, spec.python, "-u", "-m", WORKER, "--run-dir"]) + ' "$RUN_DIR"'
     lines += [
         "",

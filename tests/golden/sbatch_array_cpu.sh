@@ -14,9 +14,9 @@
 #SBATCH --time=60
 
 # ---- setup ----
-set -u
 RUN_DIRS=(/s/multirun/0 /s/multirun/1 /s/multirun/2)
 RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}
+set -u
 
 # ---- command ----
 # Slurm sends SIGUSR2 to the ranks before the time limit; `scancel --full` would also send it

@@ -91,7 +91,8 @@ def test_hostile_values_stay_inert_and_exit_code_is_kept(tmp_path: Path, exit_co
     run_dir = tmp_path / f"run {HOSTILE}"
     (run_dir / "logs").mkdir(parents=True)
     # Setup lines are shell as the user wrote it: a value they quoted prints as text, $HOME expands, && chains.
-    setup = [f"echo {shlex.quote(HOSTILE)}", 'echo "home=$HOME" && echo chained']
+    # An unset variable is fine there too (conda's and Lmod's functions read some): `set -u` comes after.
+    setup = [f"echo {shlex.quote(HOSTILE)}", 'echo "home=$HOME" && echo chained', 'echo "unset=$HPC_TRAIN_UNSET."']
     cluster = slurm(job_name=HOSTILE, setup=setup, srun_args=[f"--comment={HOSTILE}"])
     script = tmp_path / "job.sbatch"
     script.write_text(render_sbatch(job_spec(cluster, [run_dir], run_dir / "logs", python="/usr/bin/python3")))
@@ -105,7 +106,7 @@ def test_hostile_values_stay_inert_and_exit_code_is_kept(tmp_path: Path, exit_co
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == exit_code, proc.stderr
     assert not list(tmp_path.rglob("x")), "a quoted value was executed"
-    assert proc.stdout.splitlines()[:3] == [HOSTILE, f"home={os.environ['HOME']}", "chained"]
+    assert proc.stdout.splitlines()[:4] == [HOSTILE, f"home={os.environ['HOME']}", "chained", "unset=."]
     args = (tmp_path / "args").read_text().splitlines()
     assert args[-2:] == ["--run-dir", str(run_dir)]
     assert f"--comment={HOSTILE}" in args and "--kill-on-bad-exit=1" in args
