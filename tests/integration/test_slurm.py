@@ -199,7 +199,12 @@ def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
             "sacct still works"
         )
         run_dir = tmp_path / "run"
-        slow = ["trainer.max_steps=100000", "trainer.max_epochs=0", "trainer.log_every_n_steps=1", "cluster.submit=sbatch"]
+        slow = [
+            "trainer.max_steps=100000",
+            "trainer.max_epochs=0",
+            "trainer.log_every_n_steps=1",
+            "cluster.submit=sbatch",
+        ]
         proc = cli("hpc_train", *TWO_BY_TWO, *slow, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         pid = _rank_pid(run_dir, 3)
