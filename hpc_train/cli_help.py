@@ -20,13 +20,17 @@ GROUPS = ("cluster", "model", "data", "optim", "trainer")
 def config_options(extra_dirs: list[Path]) -> dict[str, list[str]]:
     """Per group, the options found in hpc_train's configs and in the user's folders (``extra_dirs`` first)."""
     own = files("hpc_train.conf")
-    options: dict[str, set[str]] = {group: set() for group in GROUPS}
-    for group in GROUPS:
-        folder = own / group
-        options[group] |= {p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")}
+    theirs = sorted(
+        {d.name for base in extra_dirs if base.is_dir() for d in base.iterdir() if d.is_dir()} - set(GROUPS)
+    )
+    options: dict[str, set[str]] = {group: set() for group in [*GROUPS, *theirs]}
+    for group in options:
+        if group in GROUPS:
+            options[group] |= {p.name[:-5] for p in (own / group).iterdir() if p.name.endswith(".yaml")}
         for base in extra_dirs:
             options[group] |= {p.stem for p in (base / group).glob("*.yaml")}
-    return {group: sorted(names) for group, names in options.items()}
+    # A group of the user's own (an experiment folder, say) is not in the defaults list: pick it with +group=x.
+    return {group if group in GROUPS else f"+{group}": sorted(names) for group, names in options.items()}
 
 
 def _config_dir_arg(argv: list[str]) -> list[Path]:

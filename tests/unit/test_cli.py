@@ -22,12 +22,15 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_help_names_the_program_and_only_real_options(tmp_path: Path) -> None:
     (tmp_path / "conf" / "cluster").mkdir(parents=True)
     (tmp_path / "conf" / "cluster" / "mycluster.yaml").write_text("launcher: slurm\n")
+    (tmp_path / "conf" / "experiment").mkdir()
+    (tmp_path / "conf" / "experiment" / "quick.yaml").write_text("# @package _global_\n")
     proc = run("--help", "--config-dir", "conf", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: hpc-train") and "python -m hpc_train" in proc.stdout
     assert "__main__" not in proc.stdout and "schema_" not in proc.stdout
     assert "cluster  debug, local, mycluster, slurm" in proc.stdout
     assert "model    cnn, custom, mlp, transformer" in proc.stdout
+    assert "+experiment quick" in proc.stdout  # a group of the user's own, picked with +experiment=quick
 
 
 def test_console_script_composes_from_any_folder(tmp_path: Path) -> None:
