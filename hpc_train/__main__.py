@@ -16,10 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_train.config import (
     CONFIG_MODULE,
     Config,
-    check_override_keys,
-    check_override_syntax,
+    check_overrides,
     config_from_dict,
-    override_keys,
     register_configs,
 )
 from hpc_train.errors import ConfigError, exit_plainly
@@ -65,8 +63,7 @@ def main() -> None:
         print(help_text(sys.argv[1:]))
         return
     try:
-        check_override_syntax(sys.argv[1:])
-        check_override_keys(override_keys(sys.argv[1:]))
+        check_overrides(sys.argv[1:])
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -24,10 +24,8 @@ import torch
 from hpc_train.config import (
     CONFIG_MODULE,
     Config,
-    check_override_keys,
-    check_override_syntax,
+    check_overrides,
     config_from_dict,
-    override_keys,
     register_configs,
 )
 from hpc_train.errors import ConfigError, LaunchError
@@ -46,8 +44,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    check_override_syntax(list(overrides))
-    check_override_keys(override_keys(list(overrides)))
+    check_overrides(list(overrides))
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:

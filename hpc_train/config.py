@@ -46,8 +46,10 @@ __all__ = [
     "TransformerConfig",
     "check_override_keys",
     "check_override_syntax",
+    "check_overrides",
     "config_from_dict",
     "load_config",
+    "mem_mb",
     "override_keys",
     "register_configs",
 ]
@@ -82,6 +84,26 @@ class _Checked:
 
 
 LAUNCHERS = ("local", "debug", "slurm")
+
+
+def mem_mb(value: str) -> int:
+    """A ``cluster.mem`` size (``500M``, ``64G``, ``1T``, a plain number = MB) in MB; 0 asks for all of a node's.
+    ValueError when it is not a size: the one grammar both validation and the cluster checks read."""
+    match = re.fullmatch(r"(\d+)([KMGT]?)B?", value, flags=re.I)
+    if match is None:
+        raise ValueError(f"not a memory size: {value!r}")
+    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match[2].upper()]
+    return math.ceil(int(match[1]) * scale)
+
+
+def _is_mem_size(value: str) -> bool:
+    try:
+        mem_mb(value)
+    except ValueError:
+        return False
+    return True
+
+
 HOSTLIST_KEYS = ("exclude",)
 """ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
 SUBMIT_MODES = ("submitit", "sbatch")
@@ -252,7 +274,7 @@ class ClusterConfig(_Checked):
                 "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.gpu_binding=node",
             )
         self._require(
-            not self.mem or re.fullmatch(r"\d+[KMGT]?B?", self.mem, flags=re.I) is not None,
+            not self.mem or _is_mem_size(self.mem),
             "mem",
             "must be a size such as 500M, 64G or 0 (all of the node's memory)",
             "e.g. cluster.mem=64G",
@@ -907,6 +929,13 @@ def check_override_syntax(argv: list[str]) -> None:
                 f"be quoted for Hydra. HINT: write '{key}=\"{value}\"' (single quotes for the shell, double "
                 "quotes for Hydra)."
             ) from None
+
+
+def check_overrides(argv: list[str]) -> None:
+    """Every check of command-line overrides that runs before Hydra composes: the syntax Hydra's grammar would
+    reject with an unhelpful message, then keys the schema does not know. ConfigError on the first problem."""
+    check_override_syntax(argv)
+    check_override_keys(override_keys(argv))
 
 
 def override_keys(argv: list[str]) -> list[str]:

@@ -9,7 +9,6 @@ checked too. A request that cannot run is refused with the key, the value, the p
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hpc_train.config import ClusterConfig
+from hpc_train.config import ClusterConfig, mem_mb
 from hpc_train.errors import ConfigError
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "explain_slurm_refusal",
     "facts_for",
     "gres_gpus",
-    "mem_mb",
     "parse_cluster",
     "read_live",
     "slurm_minutes",
@@ -132,15 +130,6 @@ def gres_gpus(gres: str) -> tuple[int, tuple[str, ...]]:
         if len(fields) == 3:
             types.append(fields[1])
     return count, tuple(sorted(set(types)))
-
-
-def mem_mb(value: str) -> int:
-    """``cluster.mem`` (``500M``, ``64G``, ``1T``, plain number = MB) in MB; 0 asks for all of a node's."""
-    match = re.fullmatch(r"(\d+)([KMGT]?)B?", value.strip(), flags=re.I)
-    if match is None:
-        raise ValueError(f"not a memory size: {value!r}")
-    scale = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match[2].upper()]
-    return math.ceil(int(match[1]) * scale)
 
 
 def parse_cluster(partitions_text: str, nodes_text: str) -> dict[str, Partition]:

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from hpc_train.api import compose_config
-from hpc_train.config import ClusterConfig
+from hpc_train.config import ClusterConfig, mem_mb
 from hpc_train.errors import ConfigError
 from hpc_train.launch.facts import (
     ClusterFacts,
     check_request,
     explain_slurm_refusal,
     gres_gpus,
-    mem_mb,
     parse_cluster,
     read_live,
     slurm_minutes,
