@@ -1,0 +1,83 @@
+"""Figures for the structure of the tree (issue 12): run ``python scripts/house_figures.py`` from the root.
+
+- the worker entry's length in lines;
+- the modules that know a run-directory file name: a string literal holding one (docstrings aside), or a
+  folder name joined onto a path with ``/``;
+- the rank-state string literals ("starting", "running", ...) and the files they are in.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+FILE_NAMES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "model_final.pt",
+    "model_best.pt",
+    "rank_table.json",
+    "job.json",
+    "restarts.json",
+    "batch_exit.json",
+    "attempt.json",
+    "launcher.log",
+    "job.sbatch",
+)
+NUMBERED = re.compile(r"(^|/)(rank|step)_($|\*|\d|\{)")
+"""rank_<r>.log, rank_<r>.json, step_<9 digits>.pt: a literal ending in "rank_" starts an f-string's name."""
+FOLDER_NAMES = {"logs", "checkpoints", "status", "submitit", "profile", "tensorboard", "plots"}
+STATES = {"starting", "running", "completed", "failed", "stopped"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):  # attribute docstrings
+            ids.add(id(node.value))
+    return ids
+
+
+def scan(path: Path) -> tuple[bool, int]:
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    knows, states = False, 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            if any(name in node.value for name in FILE_NAMES) or NUMBERED.search(node.value):
+                knows = True
+            if node.value in STATES:
+                states += 1
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            right = node.right
+            if isinstance(right, ast.Constant) and right.value in FOLDER_NAMES:
+                knows = True
+    return knows, states
+
+
+def main() -> int:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
+    files = sorted([*root.glob("hpc_train/**/*.py"), *root.glob("benchmarks/*.py")])
+    knowing, state_files, total_states = [], [], 0
+    for path in files:
+        knows, states = scan(path)
+        if knows:
+            knowing.append(str(path.relative_to(root)))
+        if states:
+            state_files.append(f"{path.relative_to(root)} ({states})")
+            total_states += states
+    worker = next(p for p in (root / "hpc_train/runtime/worker.py", root / "hpc_train/worker.py") if p.exists())
+    print(f"worker entry: {worker.relative_to(root)}, {len(worker.read_text().splitlines())} lines")
+    print(f"modules that know a run-dir file name: {len(knowing)}: {', '.join(knowing)}")
+    print(f"rank-state string literals: {total_states} in {len(state_files)} files: {', '.join(state_files)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
