@@ -32,7 +32,7 @@ from typing import Any
 
 from workloads import LOG_EVERY, WORKLOADS, Workload, measure_marks
 
-from hpc_train.textutil import format_table
+from hpc_train.core.textutil import format_table
 from hpc_train.train.metrics import read_metrics
 
 HERE = Path(__file__).resolve().parent

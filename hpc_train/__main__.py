@@ -20,8 +20,8 @@ from hpc_train.config import (
     config_from_dict,
     register_configs,
 )
-from hpc_train.errors import ConfigError, exit_plainly
-from hpc_train.rundir import RunDir, atomic_write
+from hpc_train.core.errors import ConfigError, exit_plainly
+from hpc_train.core.rundir import RunDir, atomic_write
 
 register_configs()
 

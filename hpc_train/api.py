@@ -28,9 +28,9 @@ from hpc_train.config import (
     config_from_dict,
     register_configs,
 )
-from hpc_train.errors import ConfigError, LaunchError
+from hpc_train.core.errors import ConfigError, LaunchError
+from hpc_train.core.rundir import RunDir
 from hpc_train.launch.state import JobState, job_state
-from hpc_train.rundir import RunDir
 from hpc_train.train.metrics import last_metrics, read_metrics
 
 __all__ = ["Run", "compose_config", "submit"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from hpc_train.searchpath import ENV_VAR, user_config_dirs, user_profile_dir
+from hpc_train.core.searchpath import ENV_VAR, user_config_dirs, user_profile_dir
 
 __all__ = ["config_options", "help_text"]
 

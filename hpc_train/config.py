@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 
 __all__ = [
     "CONFIG_MODULE",
@@ -313,7 +313,7 @@ class ClusterConfig(_Checked):
             self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
 
     def _check_hostlist(self, key: str) -> None:
-        from hpc_train.dist.hostlist import expand_hostlist
+        from hpc_train.core.hostlist import expand_hostlist
 
         value = getattr(self, key)
         if not value:

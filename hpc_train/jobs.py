@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.core.textutil import format_table
 from hpc_train.launch.state import JobState, job_state
-from hpc_train.rundir import RunDir, read_json
-from hpc_train.textutil import format_table
 from hpc_train.train.metrics import last_metrics
 
 __all__ = ["main"]

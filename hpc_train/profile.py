@@ -20,9 +20,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from hpc_train.core.searchpath import user_config_dirs, user_profile_dir
+from hpc_train.core.textutil import format_table
 from hpc_train.launch.facts import ClusterFacts, Partition, read_live
-from hpc_train.searchpath import user_config_dirs, user_profile_dir
-from hpc_train.textutil import format_table
 
 __all__ = ["main", "profile_yaml", "table"]
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_train.config import ClusterConfig
-from hpc_train.rundir import RunDir, read_json, write_json_atomic
+from hpc_train.core.rundir import RunDir, read_json, write_json_atomic
 
 __all__ = ["record_attempt", "refusal", "requeue", "requeue_target", "restart_count"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.api import Run, compose_config, submit
-from hpc_train.errors import ConfigError, LaunchError
-from hpc_train.textutil import format_table
+from hpc_train.core.errors import ConfigError, LaunchError
+from hpc_train.core.textutil import format_table
 
 __all__ = ["Point", "main", "plan", "recommend", "summarize"]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.config import Config
+from hpc_train.core.rundir import RunDir, read_json, write_json_atomic
 from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
 from hpc_train.requeue import record_attempt, refusal, requeue, requeue_target, restart_count
-from hpc_train.rundir import RunDir, read_json, write_json_atomic
 from hpc_train.train.stopping import signal_number
 
 __all__ = ["main", "run"]

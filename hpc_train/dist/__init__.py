@@ -27,7 +27,7 @@ from hpc_train.dist.env import (
     detect_source,
     resolve_environment,
 )
-from hpc_train.dist.hostlist import expand_hostlist, parse_tasks_per_node
+from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
 
 if TYPE_CHECKING:
     from hpc_train.dist.process_group import (

@@ -6,7 +6,7 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 from __future__ import annotations
 
 from hpc_train.config import Config
-from hpc_train.rundir import RunDir
+from hpc_train.core.rundir import RunDir
 
 __all__ = ["launch"]
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpc_train.config import ClusterConfig, mem_mb
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 
 __all__ = [
     "ClusterFacts",

@@ -24,7 +24,7 @@ from submitit.local.local import LocalJob
 
 from hpc_train import worker
 from hpc_train.config import ClusterConfig, Config
-from hpc_train.rundir import RunDir
+from hpc_train.core.rundir import RunDir
 
 __all__ = ["Tail", "follow", "launch_debug", "launch_local"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.config import ClusterConfig
+from hpc_train.core.textutil import format_table
 from hpc_train.dist import resolve_environment
-from hpc_train.textutil import format_table
 
 __all__ = [
     "JobSpec",

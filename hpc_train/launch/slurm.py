@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.config import Config
-from hpc_train.errors import LaunchError
+from hpc_train.core.errors import LaunchError
+from hpc_train.core.rundir import RunDir, atomic_write, write_json_atomic
 from hpc_train.launch.facts import check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.sbatch import (
     JobSpec,
@@ -30,7 +31,6 @@ from hpc_train.launch.sbatch import (
     srun_argv,
 )
 from hpc_train.launch.state import job_state
-from hpc_train.rundir import RunDir, atomic_write, write_json_atomic
 
 __all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hpc_train.rundir import RunDir, read_json
+from hpc_train.core.rundir import RunDir, read_json
 
 __all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "job_state", "sacct_state", "squeue_state"]
 

@@ -17,8 +17,8 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 from hpc_train.config import Config, config_from_dict
-from hpc_train.errors import ConfigError, exit_plainly
-from hpc_train.rundir import RunDir
+from hpc_train.core.errors import ConfigError, exit_plainly
+from hpc_train.core.rundir import RunDir
 
 __all__ = ["launch_sweep"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hpc_train.rundir import atomic_write
+from hpc_train.core.rundir import atomic_write
 
 __all__ = [
     "REQUIRED_KEYS",

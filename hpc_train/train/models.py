@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hpc_train.config import CNNConfig, MLPConfig, TransformerConfig
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 
 __all__ = ["build_model"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from hpc_train.config import Config
+from hpc_train.core.rundir import RunDir
 from hpc_train.dist import DistEnv
-from hpc_train.rundir import RunDir
 
 __all__ = ["Observer"]
 

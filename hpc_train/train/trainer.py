@@ -21,9 +21,9 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config
+from hpc_train.core.rundir import RunDir, atomic_write
 from hpc_train.dist import DistEnv
 from hpc_train.faults import die_halfway, fault_from_env
-from hpc_train.rundir import RunDir, atomic_write
 from hpc_train.train.checkpoint import (
     capture_rng,
     checkpoint_path,

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 
 __all__ = ["build_loss", "build_metric", "call_target", "split_datasets"]
 

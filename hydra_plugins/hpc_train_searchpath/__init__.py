@@ -1,5 +1,5 @@
 """Adds a user's config folders (``HPC_TRAIN_CONFIG_PATH``, ``~/.config/hpc_train``) to Hydra's search path;
-the folders are chosen in ``hpc_train.searchpath``."""
+the folders are chosen in ``hpc_train.core.searchpath``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class HpcTrainSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from hpc_train.searchpath import user_config_dirs
+        from hpc_train.core.searchpath import user_config_dirs
 
         # Prepended in reverse so that the first listed folder comes first; all before hpc_train's own configs.
         for folder in reversed(user_config_dirs()):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hpc_train.__main__ import write_config
-from hpc_train.rundir import RunDir, read_json
+from hpc_train.core.rundir import RunDir, read_json
 from hpc_train.train.metrics import read_metrics
 
 from ..conftest import assert_bitwise_equal, gpu_test

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.rundir import RunDir, read_json
+from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import assert_bitwise_equal
 from .conftest import cli, wait_for_job

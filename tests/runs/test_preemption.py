@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.rundir import RunDir
+from hpc_train.core.rundir import RunDir
 
 from ..conftest import assert_bitwise_equal
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpc_train.api import submit
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 from hpc_train.train.metrics import read_metrics
 
 from ..conftest import REPO

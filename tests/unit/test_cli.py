@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.api import compose_config
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 
 HPC_TRAIN = Path(sys.executable).parent / "hpc-train"  # the console script pip installed beside this Python
 

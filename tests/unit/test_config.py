@@ -21,8 +21,8 @@ from hpc_train.config import (
     config_from_dict,
     load_config,
 )
-from hpc_train.errors import ConfigError
-from hpc_train.rundir import RunDir
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.rundir import RunDir
 
 from ..conftest import CONF
 

@@ -9,8 +9,8 @@ from unittest import mock
 
 import pytest
 
+from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.dist import PORT_BASE, PORT_SPAN, DistEnv, derive_port, resolve_environment
-from hpc_train.errors import DistEnvironmentError
 
 
 def slurm_task(

@@ -8,7 +8,8 @@ import pytest
 
 from hpc_train.api import compose_config
 from hpc_train.config import ClusterConfig, mem_mb
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.searchpath import ENV_VAR
 from hpc_train.launch.facts import (
     ClusterFacts,
     check_request,
@@ -19,7 +20,6 @@ from hpc_train.launch.facts import (
     slurm_minutes,
 )
 from hpc_train.profile import profile_yaml, table
-from hpc_train.searchpath import ENV_VAR
 
 # Trimmed `scontrol show partition -o` / `scontrol show node -o` lines in Slurm 22.05's format.
 PARTITIONS = """\

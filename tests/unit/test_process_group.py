@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.dist import (
     DistEnv,
     auto_uses_cuda,
@@ -18,7 +19,6 @@ from hpc_train.dist import (
     select_device,
     teardown_distributed,
 )
-from hpc_train.errors import DistEnvironmentError
 
 
 def env_with(local_rank: int, local_world_size: int, source: str = "slurm") -> DistEnv:

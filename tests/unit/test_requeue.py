@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from hpc_train.config import ClusterConfig
+from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.dist import DistEnv
 from hpc_train.dist.process_group import init_distributed
-from hpc_train.errors import DistEnvironmentError
 from hpc_train.requeue import refusal, requeue_target, restart_count
 from hpc_train.train.stopping import StopSignals, signal_number
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.config import ClusterConfig
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 from hpc_train.launch.sbatch import emulate_rank_table, job_spec, render_sbatch
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"

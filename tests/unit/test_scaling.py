@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
 from hpc_train.scaling import Point, plan, recommend, summarize, throughput
 
 

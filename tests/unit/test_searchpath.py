@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.api import compose_config
-from hpc_train.searchpath import ENV_VAR, user_config_dirs, user_profile_dir
+from hpc_train.core.searchpath import ENV_VAR, user_config_dirs, user_profile_dir
 
 
 def test_folders_in_order(tmp_path: Path) -> None:

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from hpc_train.config import CNNConfig, DataConfig, MLPConfig, check_override_keys
-from hpc_train.errors import ConfigError
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.rundir import RunDir
 from hpc_train.faults import fault_from_env
-from hpc_train.rundir import RunDir
 from hpc_train.train.checkpoint import prune_checkpoints, save_atomic
 from hpc_train.train.data import ShardSampler, make_synthetic
 from hpc_train.train.models import build_model
