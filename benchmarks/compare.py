@@ -32,8 +32,8 @@ from typing import Any
 
 from workloads import LOG_EVERY, WORKLOADS, Workload, measure_marks
 
+from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import format_table
-from hpc_train.train.metrics import read_metrics
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("raw", "hpc_train", "lightning", "limit")
@@ -132,9 +132,9 @@ def parse_reports(stdout: str) -> list[dict[str, float]]:
 def hpc_train_report(run_dir: Path, setup: Setup, global_batch: int) -> dict[str, float]:
     """The reference's figures, read from the run's metrics.jsonl: rows end exactly at the window's marks."""
     start, end = measure_marks(setup.warmup, setup.steps)
-    rows = {row["step"]: row for row in read_metrics(run_dir / "metrics.jsonl")}
+    rows = {row["step"]: row for row in RunDir(run_dir).read_metrics()}
     if start not in rows or end not in rows:
-        raise RuntimeError(f"{run_dir / 'metrics.jsonl'} lacks the rows for steps {start} and {end}")
+        raise RuntimeError(f"{RunDir(run_dir).metrics} lacks the rows for steps {start} and {end}")
     first = rows[min(rows)]
     return {
         "first_step_unix": first["first_step_at"],

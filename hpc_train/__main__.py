@@ -21,7 +21,8 @@ from hpc_train.config import (
     register_configs,
 )
 from hpc_train.core.errors import ConfigError, exit_plainly
-from hpc_train.core.rundir import RunDir, atomic_write
+from hpc_train.core.files import atomic_write
+from hpc_train.core.rundir import RunDir
 
 register_configs()
 
@@ -31,7 +32,7 @@ def write_config(cfg: Config, run_dir: RunDir) -> None:
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         raise ConfigError(
-            f"hydra.run.dir={run_dir.path} already holds a run with a different config.yaml. HINT: leave "
+            f"hydra.run.dir={run_dir.path} already holds a run with a different {run_dir.config.name}. HINT: leave "
             "hydra.run.dir unset for a fresh directory, or pick a new one."
         )
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))

@@ -31,7 +31,6 @@ from hpc_train.config import (
 from hpc_train.core.errors import ConfigError, LaunchError
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.state import JobState, job_state
-from hpc_train.train.metrics import last_metrics, read_metrics
 
 __all__ = ["Run", "compose_config", "submit"]
 
@@ -76,7 +75,7 @@ class Run:
         """The reconciled state (see ``python -m hpc_train.jobs status``)."""
         state = job_state(self._rd, self.config.cluster.world_size)
         if not state.done and self.process is not None and self.process.poll() not in (None, 0):
-            launcher = self.run_dir / "launcher.log"
+            launcher = self._rd.launcher_log
             return JobState(
                 "FAILED", done=True, ok=False, detail=f"the launcher exited {self.process.returncode}; see {launcher}"
             )
@@ -93,14 +92,14 @@ class Run:
 
     def metrics(self) -> list[dict[str, Any]]:
         """All rows of metrics.jsonl so far."""
-        return read_metrics(self._rd.metrics)
+        return self._rd.read_metrics()
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait, then the outcome: final metrics, paths; raises LaunchError if the run did not complete."""
         state = self.wait(timeout)
         if not state.ok:
             raise LaunchError(f"run {self.run_dir} ended {state.state}: {state.detail}")
-        final = last_metrics(self._rd.metrics)
+        final = self._rd.last_metrics()
         best = self._rd.model_best
         return {
             "state": state.state,
@@ -129,6 +128,6 @@ def submit(*overrides: str, run_dir: str | Path | None = None, config_dir: str |
     argv = [sys.executable, "-m", "hpc_train", *overrides, f"hydra.run.dir={_quoted(path)}"]
     if config_dir:
         argv += ["--config-dir", str(Path(config_dir).resolve())]
-    with (path / "launcher.log").open("ab") as log:
+    with RunDir(path).launcher_log.open("ab") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return Run(path, config, process)

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.core.files import read_json
+from hpc_train.core.rundir import JOB_RECORD, RunDir
+from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table
 from hpc_train.launch.state import JobState, job_state
-from hpc_train.train.metrics import last_metrics
 
 __all__ = ["main"]
 
@@ -37,12 +35,8 @@ class TargetError(ValueError):
     """A target that names no run."""
 
 
-def _is_run(path: Path) -> bool:
-    return (path / "config.yaml").is_file()
-
-
 def _sweep_runs(path: Path) -> list[RunDir]:
-    subdirs = [p for p in path.iterdir() if p.is_dir() and _is_run(p)]
+    subdirs = [p for p in path.iterdir() if p.is_dir() and RunDir.holds_run(p)]
     return [
         RunDir(p)
         for p in sorted(subdirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
@@ -52,7 +46,7 @@ def _sweep_runs(path: Path) -> list[RunDir]:
 def _job_records(roots: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
     for root in roots:
         if root.is_dir():
-            for path in root.rglob("job.json"):
+            for path in root.rglob(JOB_RECORD):
                 record = read_json(path)
                 if isinstance(record, dict):
                     yield path.parent, record
@@ -62,12 +56,14 @@ def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
     """The run dirs a target names."""
     path = Path(target)
     if path.is_dir():
-        if _is_run(path):
+        if RunDir.holds_run(path):
             return [RunDir(path)]
         runs = _sweep_runs(path)
         if runs:
             return runs
-        raise TargetError(f"{target}: neither a run dir (no config.yaml) nor a sweep dir (no run dirs inside)")
+        raise TargetError(
+            f"{target}: neither a run dir (no {RunDir(path).config.name}) nor a sweep dir (no run dirs inside)"
+        )
     if JOB_ID.fullmatch(target):
         found = [
             RunDir(run)
@@ -124,13 +120,13 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
 
 
 def cmd_collect(runs: list[RunDir]) -> int:
-    records = [read_json(rd.job_record) or {} for rd in runs]
+    records = [rd.read_job_record() for rd in runs]
     # Show what the elements differ in; what they share is noise in every row.
     shared = set.intersection(*(set(r.get("overrides", [])) for r in records)) if records else set()
     rows = []
     for index, (rd, record) in enumerate(zip(runs, records, strict=True)):
         state = _state(rd)
-        m = last_metrics(rd.metrics)
+        m = rd.last_metrics()
         overrides = " ".join(o for o in record.get("overrides", []) if o not in shared) or "-"
         rows.append(
             [
@@ -150,7 +146,7 @@ def cmd_collect(runs: list[RunDir]) -> int:
 
 
 def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: float) -> int:
-    record = read_json(run_dir.job_record) or {}
+    record = run_dir.read_job_record()
     if slurm:
         output = record.get("slurm_output")
         if not output:
@@ -173,7 +169,7 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
 def cmd_cancel(runs: list[RunDir]) -> int:
     ids: list[str] = []
     for rd in runs:
-        record = read_json(rd.job_record) or {}
+        record = rd.read_job_record()
         if record.get("job_id"):
             job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])
             if job not in ids:
@@ -190,14 +186,8 @@ def cmd_cancel(runs: list[RunDir]) -> int:
 
 
 def _cancel_local(run_dir: RunDir) -> None:
-    host = socket.gethostname()
-    for rank, status in run_dir.read_statuses().items():
-        if status.get("state") in ("starting", "running") and status.get("host") == host:
-            try:
-                os.kill(int(status["pid"]), signal.SIGTERM)
-                print(f"sent SIGTERM to rank {rank} (pid {status['pid']})")
-            except ProcessLookupError:
-                pass
+    for rank, pid in signal_live_ranks(run_dir.read_statuses()):
+        print(f"sent SIGTERM to rank {rank} (pid {pid})")
 
 
 def main(argv: list[str] | None = None) -> int:

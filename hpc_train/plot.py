@@ -9,83 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
-from hpc_train.train.metrics import read_metrics
+from hpc_train.core.rundir import RunDir
+from hpc_train.train.plots import plot_compare, plot_run, pyplot, save
 
 __all__ = ["main", "plot_compare", "plot_run", "pyplot", "save"]
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot with the file-only Agg backend: works without a display, on compute nodes too."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save(fig: Any, path: Path) -> Path:
-    """Lay out, write as PNG, and free ``fig``."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    pyplot().close(fig)
-    return path
-
-
-def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    points = [(r["step"], r[key]) for r in rows if key in r]
-    return [p[0] for p in points], [p[1] for p in points]
-
-
-def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write plots/loss.png and plots/metrics.png for one run; returns their paths."""
-    run_dir = Path(run_dir)
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    if not rows:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no rows yet")
-    plt = pyplot()
-    out = run_dir / "plots"
-    out.mkdir(exist_ok=True)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*_series(rows, "train_loss"), label="train loss (mean over ranks)")
-    if any("val_loss" in r for r in rows):
-        ax.plot(*_series(rows, "val_loss"), "o-", label="validation loss (exact, all ranks)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    ax.set_title(run_dir.name)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    save(fig, out / "loss.png")
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    metric = "val_metric" if any("val_metric" in r for r in rows) else "val_acc"
-    if any(metric in r for r in rows):
-        ax.plot(*_series(rows, metric), "o-", color="tab:green", label=metric)
-        ax.set_ylabel(metric)
-    ax.set_xlabel("optimizer step")
-    lr_ax = ax.twinx()
-    lr_ax.plot(*_series(rows, "lr"), color="tab:gray", alpha=0.6, label="learning rate")
-    lr_ax.set_ylabel("learning rate")
-    ax.grid(alpha=0.3)
-    fig.legend(loc="lower right")
-    save(fig, out / "metrics.png")
-    return [out / "loss.png", out / "metrics.png"]
-
-
-def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Path:
-    """One figure with ``key`` of every run."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run_dir in run_dirs:
-        ax.plot(*_series(read_metrics(run_dir / "metrics.jsonl"), key), "o-", label=run_dir.name)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(key)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", type=Path, help="also overlay the runs' validation loss in this PNG")
     args = parser.parse_args(argv)
     for run_dir in args.run_dirs:
-        if not (run_dir / "metrics.jsonl").is_file():
-            print(f"hpc_train.plot: {run_dir} has no metrics.jsonl", file=sys.stderr)
+        metrics = RunDir(run_dir).metrics
+        if not metrics.is_file():
+            print(f"hpc_train.plot: {run_dir} has no metrics yet ({metrics} does not exist)", file=sys.stderr)
             return 2
         for path in plot_run(run_dir):
             print(path)

@@ -17,17 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_train.config import ClusterConfig
-from hpc_train.core.rundir import RunDir, read_json, write_json_atomic
+from hpc_train.core.rundir import RunDir
 
-__all__ = ["record_attempt", "refusal", "requeue", "requeue_target", "restart_count"]
+__all__ = ["record_attempt", "refusal", "requeue", "requeue_target"]
 
 SCONTROL_TIMEOUT_S = 30
-
-
-def restart_count(environ: Mapping[str, str] | None = None) -> int:
-    """How many times this job was restarted: Slurm's SLURM_RESTART_COUNT, or the local launcher's count."""
-    environ = os.environ if environ is None else environ
-    return int(environ.get("SLURM_RESTART_COUNT") or environ.get("HPC_TRAIN_RESTART") or 0)
 
 
 def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
@@ -40,19 +34,14 @@ def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
 
 def record_attempt(rd: RunDir, restart: int, resumed_step: int, stopped_step: int, signum: int) -> list[dict[str, Any]]:
     """Append this attempt to ``status/restarts.json``; returns the whole history."""
-    history = read_json(rd.restarts)
-    history = history if isinstance(history, list) else []
-    history.append(
-        {
-            "restart": restart,
-            "resumed_step": resumed_step,
-            "stopped_step": stopped_step,
-            "signal": signum,
-            "time": time.time(),
-        }
-    )
-    write_json_atomic(rd.restarts, history)
-    return history
+    entry = {
+        "restart": restart,
+        "resumed_step": resumed_step,
+        "stopped_step": stopped_step,
+        "signal": signum,
+        "time": time.time(),
+    }
+    return rd.append_restart(entry)
 
 
 def refusal(history: list[dict[str, Any]], restart: int, cluster: ClusterConfig) -> str | None:

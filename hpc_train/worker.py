@@ -12,17 +12,17 @@ import logging
 import os
 import signal
 import sys
-import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from hpc_train.config import Config
-from hpc_train.core.rundir import RunDir, read_json, write_json_atomic
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv, detect_source, resolve_environment
 from hpc_train.faults import fault_from_env
-from hpc_train.requeue import record_attempt, refusal, requeue, requeue_target, restart_count
+from hpc_train.requeue import record_attempt, refusal, requeue, requeue_target
 from hpc_train.train.stopping import signal_number
 
 __all__ = ["main", "run"]
@@ -36,13 +36,15 @@ def run(run_dir: str | Path) -> None:
     gc.disable()  # until the trainer is built: see _startup_done
     rd = RunDir(Path(run_dir))
     env = resolve_environment()
-    restart = restart_count()
-    rd.write_status(env.rank, "starting", restart=restart)  # before the slow imports: the launcher watches this pid
+    restart = rd.attempt()
+    rd.write_status(
+        env.rank, RankState.STARTING, restart=restart
+    )  # before the slow imports: the launcher watches this pid
     try:
         _setup_logging(rd, env, restart)
         outcome = _train(rd, env, restart)
     except BaseException as exc:
-        _report_failure(rd, env, exc)
+        rd.write_failure(env.rank, exc)
         raise
     finally:
         if gc_was_enabled:  # cluster=debug runs this in the launcher's process
@@ -50,20 +52,9 @@ def run(run_dir: str | Path) -> None:
     rd.write_status(env.rank, outcome.state, step=outcome.step, restart=restart, **outcome.extra)
 
 
-def _report_failure(rd: RunDir, env: DistEnv, exc: BaseException) -> None:
-    tail = "".join(traceback.format_exception(exc)[-12:])
-    rd.write_status(env.rank, "failed", error=f"{type(exc).__name__}: {exc}", traceback=tail, step=_last_step(rd, env))
-
-
-def _last_step(rd: RunDir, env: DistEnv) -> int:
-    """The step this rank last reported (its heartbeat), kept in its final status."""
-    status = read_json(rd.status_path(env.rank))
-    return int(status.get("step", 0)) if isinstance(status, dict) else 0
-
-
 @dataclass(frozen=True)
 class Outcome:
-    state: str
+    state: RankState
     """completed, or stopped (checkpointed on a signal; requeued on Slurm)."""
     step: int
     extra: dict[str, Any] = field(default_factory=dict)
@@ -82,7 +73,7 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
     if cfg.script.enabled:
         _startup_done()
         _run_script(rd, env, cfg)
-        return Outcome("completed", 0)
+        return Outcome(RankState.COMPLETED, 0)
     torch.set_num_threads(cfg.cluster.cpus_per_task)
     use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and auto_uses_cuda(env))
     device = select_device(env, use_cuda)
@@ -100,8 +91,8 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
             rows = gather_rank_table(env, device)
             if env.is_main:
                 log.info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
-                write_json_atomic(rd.rank_table, [row.as_dict() for row in rows])
-            rd.write_status(env.rank, "running", restart=restart)
+                rd.write_rank_table([row.as_dict() for row in rows])
+            rd.write_status(env.rank, RankState.RUNNING, restart=restart)
             trainer = Trainer(cfg, env, device, rd, stop=stop, watchdog=watchdog)
             _startup_done()
             try:
@@ -119,7 +110,7 @@ def _train(rd: RunDir, env: DistEnv, restart: int) -> Outcome:
         stop.restore()
         stream.close()
     if result == COMPLETED:
-        return Outcome("completed", step, peak)
+        return Outcome(RankState.COMPLETED, step, peak)
     return _after_stop(rd, env, cfg, restart, start_step, step, signum, peak)
 
 
@@ -150,16 +141,16 @@ def _after_stop(
         log.warning(
             "stopped at step %d on signal %d; checkpoint saved. Run again with the same run dir to resume", step, signum
         )
-        return Outcome("stopped", step, extra)
+        return Outcome(RankState.STOPPED, step, extra)
     if not env.is_main:
-        return Outcome("stopped", step, extra)
+        return Outcome(RankState.STOPPED, step, extra)
     history = record_attempt(rd, restart, start_step, step, signum)
     why_not = refusal(history, restart, cfg.cluster)
     if why_not is not None:
         raise RuntimeError(why_not)
     extra["requeued"] = target
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
-    rd.write_status(env.rank, "stopped", step=step, restart=restart, **extra)
+    rd.write_status(env.rank, RankState.STOPPED, step=step, restart=restart, **extra)
     log.warning(
         "stopped at step %d on signal %d; checkpoint saved; requeueing %s (restart %d)",
         step,
@@ -168,18 +159,18 @@ def _after_stop(
         restart + 1,
     )
     requeue(target)
-    return Outcome("stopped", step, extra)
+    return Outcome(RankState.STOPPED, step, extra)
 
 
 def _watchdog_fired(rd: RunDir, env: DistEnv, why: str) -> None:
-    rd.write_status(env.rank, "failed", error=why, traceback="(stacks in the rank log)", step=_last_step(rd, env))
+    rd.write_failure(env.rank, why, "(stacks in the rank log)")
 
 
 def _run_script(rd: RunDir, env: DistEnv, cfg: Config) -> None:
     """The user's own torchrun-style script instead of the trainer; it sets up its own process group."""
     from hpc_train.script import run_script
 
-    rd.write_status(env.rank, "running")
+    rd.write_status(env.rank, RankState.RUNNING)
     what = cfg.script.path or cfg.script.module
     log.info(
         "running %s on rank %d with the torchrun environment (master %s:%d)",
@@ -230,8 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hpc_train.worker", description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding config.yaml")
     args = parser.parse_args(argv)
-    if not (args.run_dir / "config.yaml").is_file():
-        parser.error(f"--run-dir {args.run_dir}: no config.yaml there (write one with `python -m hpc_train`)")
+    if not RunDir.holds_run(args.run_dir):
+        parser.error(
+            f"--run-dir {args.run_dir}: no {RunDir(args.run_dir).config.name} there (write one with `python -m hpc_train`)"
+        )
     run(args.run_dir)
 
 

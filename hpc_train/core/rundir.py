@@ -1,78 +1,59 @@
-"""Layout of a run directory, and the per-rank status files launchers read to follow a job.
+"""A run directory: every file name and format in it, in one place.
 
-The names here are a public contract (``config.yaml``, ``metrics.jsonl``, ``model_final.pt``, ``logs/``):
-scripts and later tools find a run's outputs by them.
+The names are a public contract (``config.yaml``, ``metrics.jsonl``, ``model_final.pt``, ``logs/``, ...):
+scripts and later tools find a run's outputs by them, and every module here reaches them through ``RunDir``.
+
+    config.yaml                the resolved, validated config every rank reads
+    metrics.jsonl              one JSON row per log/validation step (rank 0)
+    model_final.pt             the trained weights; model_best.pt with early stopping
+    rank_table.json            every rank's host, device and rendezvous address
+    job.json, job.sbatch       what was submitted to Slurm (Slurm runs only)
+    launcher.log               the launcher's own output (runs started from hpc_train.api)
+    checkpoints/step_<9 digits>.pt
+    logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
+    status/rank_<r>.json       each rank's state (a heartbeat while it trains)
+    status/restarts.json       one entry per attempt that stopped on a signal
+    status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
+    status/attempt.json        the attempt number the local launchers start
+    submitit/                  submitit's pickles and the raw stdout/stderr of each task
+    profile/, tensorboard/, plots/
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import tempfile
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["RunDir", "atomic_write", "read_json", "write_json_atomic"]
+from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
+from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
+from hpc_train.core.state import RankState
 
+__all__ = ["BATCH_EXIT", "JOB_RECORD", "RunDir", "atomic_write", "read_json", "write_json_atomic"]
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool = True) -> None:
-    """Call ``write`` on a temp file beside ``path``, fsync it, rename it into place, fsync the folder.
-
-    A reader, or a run resumed after a crash, sees the old file or the new one, never half of one. With
-    ``durable=False`` the fsyncs are skipped: readers still never see half a file (the rename is atomic), but a
-    machine crash may lose the update. Right for heartbeats, which are rewritten often: two fsyncs cost ~9 ms
-    here, 5% of a small model's training time at one heartbeat every 10 steps.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the permissions open() would
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
-    """Write ``obj`` as JSON with ``atomic_write``."""
-    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()), durable)
-
-
-def read_json(path: Path) -> Any:
-    """The JSON object in ``path``, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+JOB_RECORD = "job.json"
+BATCH_EXIT = "status/batch_exit.json"
+"""Relative to the run dir: the sbatch script writes it from the shell."""
+_CHECKPOINT_GLOB = "step_*.pt"
 
 
 @dataclass(frozen=True)
 class RunDir:
-    """Paths inside one run directory."""
+    """Paths inside one run directory, and the readers and writers of its files."""
 
     path: Path
+
+    @staticmethod
+    def holds_run(path: Path) -> bool:
+        """True when ``path`` is a run directory (it has a config.yaml)."""
+        return RunDir(path).config.is_file()
+
+    # ---- what the launcher writes -----------------------------------------------------------------------
 
     @property
     def config(self) -> Path:
@@ -80,9 +61,53 @@ class RunDir:
         return self.path / "config.yaml"
 
     @property
+    def job_record(self) -> Path:
+        """What the scheduler was asked for: job id, array index, script, Slurm output file (Slurm runs only)."""
+        return self.path / JOB_RECORD
+
+    def read_job_record(self) -> dict[str, Any]:
+        record = read_json(self.job_record)
+        return record if isinstance(record, dict) else {}
+
+    def write_job_record(self, record: dict[str, Any]) -> None:
+        write_json_atomic(self.job_record, record)
+
+    @property
+    def sbatch_script(self) -> Path:
+        """The generated script of a single job (an array's script is in the sweep's log folder)."""
+        return self.path / "job.sbatch"
+
+    @property
+    def launcher_log(self) -> Path:
+        """The launcher's stdout and stderr, for runs started in the background (``hpc_train.api.submit``)."""
+        return self.path / "launcher.log"
+
+    @property
+    def submitit(self) -> Path:
+        """submitit's own folder: pickles and the raw stdout/stderr of each task."""
+        return self.path / "submitit"
+
+    # ---- what the ranks write -----------------------------------------------------------------------------
+
+    @property
     def metrics(self) -> Path:
         """One JSON object per log/validation step, written by rank 0."""
         return self.path / "metrics.jsonl"
+
+    def metrics_writer(self, enabled: bool) -> MetricsWriter:
+        return MetricsWriter(self.metrics, enabled)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every complete row so far (a row still being written is skipped)."""
+        return read_metrics(self.metrics)
+
+    def last_metrics(self) -> dict[str, Any]:
+        """The latest value of every metric."""
+        return last_metrics(self.metrics)
+
+    def drop_metrics_after(self, step: int) -> None:
+        """Forget the rows after ``step``: a resumed run writes them again."""
+        drop_rows_after(self.metrics, step)
 
     @property
     def model_final(self) -> Path:
@@ -99,6 +124,37 @@ class RunDir:
         """Every rank's host, ranks, device and rendezvous address, as gathered at start."""
         return self.path / "rank_table.json"
 
+    def write_rank_table(self, rows: list[dict[str, Any]]) -> None:
+        write_json_atomic(self.rank_table, rows)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        """The checkpoint of ``step``; names sort by step (zero-padded)."""
+        return self.checkpoints / f"step_{step:09d}.pt"
+
+    def checkpoint_files(self) -> list[Path]:
+        """Every checkpoint file, oldest step first."""
+        return sorted(self.checkpoints.glob(_CHECKPOINT_GLOB))
+
+    @property
+    def profile(self) -> Path:
+        """The torch.profiler trace (trainer.profile_steps)."""
+        return self.path / "profile"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def plots(self) -> Path:
+        """PNG curves of metrics.jsonl (trainer.plots, or ``python -m hpc_train.plot``)."""
+        return self.path / "plots"
+
+    # ---- logs ------------------------------------------------------------------------------------------------
+
     @property
     def logs(self) -> Path:
         return self.path / "logs"
@@ -111,24 +167,48 @@ class RunDir:
             restart = max(restarts, default=0)
         return self.logs / (f"rank_{rank}.log" if restart == 0 else f"rank_{rank}.restart{restart}.log")
 
+    def follow_log(self, rank: int, out: IO[str]) -> Tail:
+        """A ``Tail`` that copies the rank's newest log to ``out`` as it grows."""
+        return Tail(self.rank_log(rank), out)
+
+    # ---- attempts -----------------------------------------------------------------------------------------
+
+    @property
+    def attempt_record(self) -> Path:
+        return self.status_dir / "attempt.json"
+
+    def start_attempt(self) -> int:
+        """Called by a local launcher before it starts the ranks: the number of this attempt (0 for a fresh run
+        dir, k when k earlier attempts left rank 0 logs), recorded for the ranks to read."""
+        attempt = len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
+        write_json_atomic(self.attempt_record, {"attempt": attempt})
+        return attempt
+
+    def attempt(self, environ: Mapping[str, str] | None = None) -> int:
+        """Which attempt this rank belongs to: Slurm's SLURM_RESTART_COUNT in a requeued job, else the number
+        the local launcher recorded, else 0. It names the rank logs and counts against cluster.max_restarts."""
+        environ = os.environ if environ is None else environ
+        if environ.get("SLURM_RESTART_COUNT"):
+            return int(environ["SLURM_RESTART_COUNT"])
+        record = read_json(self.attempt_record)
+        return int(record.get("attempt", 0)) if isinstance(record, dict) else 0
+
     @property
     def restarts(self) -> Path:
         """One entry per attempt that stopped on a signal: restart, step resumed from, step stopped at."""
         return self.status_dir / "restarts.json"
 
-    @property
-    def job_record(self) -> Path:
-        """What the scheduler was asked for: job id, array index, script, Slurm output file (Slurm runs only)."""
-        return self.path / "job.json"
+    def read_restarts(self) -> list[dict[str, Any]]:
+        history = read_json(self.restarts)
+        return history if isinstance(history, list) else []
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+    def append_restart(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        """Add an attempt to ``status/restarts.json``; returns the whole history."""
+        history = [*self.read_restarts(), entry]
+        write_json_atomic(self.restarts, history)
+        return history
 
-    @property
-    def submitit(self) -> Path:
-        """submitit's own folder: pickles and the raw stdout/stderr of each task."""
-        return self.path / "submitit"
+    # ---- rank states --------------------------------------------------------------------------------------
 
     @property
     def status_dir(self) -> Path:
@@ -137,18 +217,42 @@ class RunDir:
     def status_path(self, rank: int) -> Path:
         return self.status_dir / f"rank_{rank}.json"
 
-    def write_status(self, rank: int, state: str, **extra: Any) -> None:
-        """Record a rank's state (starting, running, completed, failed) with its host and pid."""
-        record = {"rank": rank, "state": state, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
+    @property
+    def batch_exit(self) -> Path:
+        """srun's exit status as the sbatch script's teardown saw it."""
+        return self.path / BATCH_EXIT
+
+    def read_batch_exit(self) -> dict[str, Any]:
+        record = read_json(self.batch_exit)
+        return record if isinstance(record, dict) else {}
+
+    def write_status(self, rank: int, state: RankState | str, **extra: Any) -> None:
+        """Record a rank's state with its host and pid (a string must name a RankState)."""
+        record = {
+            "rank": rank,
+            "state": RankState(state).value,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "time": time.time(),
+        }
         # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
         write_json_atomic(self.status_path(rank), {**record, **extra}, durable=False)
+
+    def write_failure(self, rank: int, error: str | BaseException, detail: str | None = None) -> None:
+        """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback."""
+        if isinstance(error, BaseException):
+            detail = "".join(traceback.format_exception(error)[-12:]) if detail is None else detail
+            error = f"{type(error).__name__}: {error}"
+        status = read_json(self.status_path(rank))
+        step = int(status.get("step", 0)) if isinstance(status, dict) else 0
+        self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step)
 
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
         for path in self.status_dir.glob("rank_*.json"):
             path.unlink(missing_ok=True)
-        (self.status_dir / "batch_exit.json").unlink(missing_ok=True)
+        self.batch_exit.unlink(missing_ok=True)
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
         """The latest status of each rank that has written one."""

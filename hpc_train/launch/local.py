@@ -7,16 +7,13 @@ pids), and once one has failed gives the others ``cluster.failure_grace_s`` to e
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from contextlib import contextmanager
+from typing import Any
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -24,19 +21,19 @@ from submitit.local.local import LocalJob
 
 from hpc_train import worker
 from hpc_train.config import ClusterConfig, Config
+from hpc_train.core.files import Tail, last_lines
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankFailure, RankState, all_ranks, pid_alive, rank_failures, signal_live_ranks
 
-__all__ = ["Tail", "follow", "launch_debug", "launch_local"]
+__all__ = ["follow", "launch_debug", "launch_local"]
 
 POLL_S = 0.2
 
 
 def launch_local(cfg: Config, run_dir: RunDir) -> int:
     """Start ``cluster.tasks_per_node`` ranks here, stream rank 0's output, return the job's exit code."""
-    # A run dir that already has rank logs is being resumed: its ranks name their logs after the attempt.
-    attempts = len([*run_dir.logs.glob("rank_0.log"), *run_dir.logs.glob("rank_0.restart*.log")])
-    os.environ["HPC_TRAIN_RESTART"] = str(attempts)
     run_dir.clear_statuses()
+    run_dir.start_attempt()  # a run dir with rank logs is being resumed: its ranks name their logs after it
     executor = submitit.LocalExecutor(folder=run_dir.submitit)
     executor.update_parameters(
         tasks_per_node=cfg.cluster.tasks_per_node,
@@ -52,6 +49,8 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
 
 def launch_debug(cfg: Config, run_dir: RunDir) -> int:
     """Run the single rank in this process (submitit's DebugExecutor), so breakpoints and pdb work."""
+    run_dir.clear_statuses()
+    run_dir.start_attempt()
     executor = submitit.DebugExecutor(folder=run_dir.submitit)
     job = executor.submit(worker.run, str(run_dir.path))
     job.result()  # runs the worker here; an exception propagates (after pdb post-mortem on a terminal)
@@ -72,62 +71,13 @@ def _signals_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-class Tail:
-    """Copies what a growing file gains to a stream."""
-
-    def __init__(self, path: Path, out: IO[str]) -> None:
-        self.path, self.out, self.offset = path, out, 0
-
-    def pump(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        if data:
-            self.offset += len(data)
-            self.out.write(data.decode(errors="replace"))
-            self.out.flush()
-
-
-@dataclass(frozen=True)
-class _Failure:
-    rank: int
-    host: str
-    summary: str
-    detail: str
-    reported: bool
-    """False when the rank died without writing its failure (killed by a signal, os._exit)."""
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as dead: it has exited but was not reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[_Failure]:
-    """Ranks that failed, those that died without a word first, then in the order they reported."""
-    found = []
-    for rank, status in sorted(run_dir.read_statuses().items(), key=lambda kv: kv[1].get("time", 0)):
-        if status["state"] == "failed":
-            found.append(_Failure(rank, status["host"], status["error"], status.get("traceback", ""), True))
-        elif status["state"] in ("starting", "running") and not _pid_alive(int(status["pid"])):
-            detail = _last_lines(paths[rank].stderr) if rank < len(paths) else ""
-            summary = f"process {status['pid']} exited without reporting (killed by a signal, out of memory, os._exit)"
-            found.append(_Failure(rank, status["host"], summary, detail, False))
-    return sorted(found, key=lambda f: f.reported)
-
-
-def _last_lines(path: Path, n: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
+def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[RankFailure]:
+    """Ranks that failed; one marked live whose process is gone died without a word (its stderr says more)."""
+    return rank_failures(
+        run_dir.read_statuses(),
+        gone=lambda status: not pid_alive(int(status["pid"])),
+        detail=lambda rank: last_lines(paths[rank].stderr) if rank < len(paths) else "",
+    )
 
 
 def _stop(job: LocalJob[Any], timeout_s: float = 15.0) -> None:
@@ -179,10 +129,7 @@ def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail],
     print(
         "\nhpc_train: interrupted; the ranks checkpoint at the end of this step (Ctrl-C again to kill)", file=sys.stderr
     )
-    for status in run_dir.read_statuses().values():
-        if status.get("state") in ("starting", "running") and _pid_alive(int(status["pid"])):
-            with suppress(ProcessLookupError):
-                os.kill(int(status["pid"]), signal.SIGTERM)
+    signal_live_ranks(run_dir.read_statuses(), signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     try:
         while not job.done() and time.monotonic() < deadline:
@@ -191,18 +138,19 @@ def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail],
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         return False
-    return job.done() and all(s.get("state") == "stopped" for s in run_dir.read_statuses().values())
+    statuses = run_dir.read_statuses()
+    return job.done() and all_ranks(statuses, len(statuses), RankState.STOPPED)
 
 
 def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:
     statuses = run_dir.read_statuses()
-    if all(statuses.get(r, {}).get("state") == "completed" for r in range(world_size)):
+    if all_ranks(statuses, world_size, RankState.COMPLETED):
         print(f"hpc_train: all {world_size} ranks completed. Run dir: {run_dir.path}", flush=True)
         return 0
-    if all(statuses.get(r, {}).get("state") == "stopped" for r in range(world_size)):
+    if all_ranks(statuses, world_size, RankState.STOPPED):
         step = statuses[0].get("step", 0)
         print(
-            f"hpc_train: stopped at step {step} on a signal; every rank is in checkpoints/step_{step:09d}.pt.\n"
+            f"hpc_train: stopped at step {step} on a signal; every rank is in {run_dir.checkpoint(step)}.\n"
             f"  resume: python -m hpc_train hydra.run.dir={shlex.quote(str(run_dir.path))} <the same overrides>",
             file=sys.stderr,
             flush=True,
@@ -224,6 +172,6 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
     if missing:
         lines.append(f"  ranks that never started: {missing}; see {run_dir.submitit}/*_log.err")
         if not failures and missing:
-            lines.append(_last_lines(paths[missing[0]].stderr))
+            lines.append(last_lines(paths[missing[0]].stderr))
     print("\n".join(lines), file=sys.stderr, flush=True)
     return 1

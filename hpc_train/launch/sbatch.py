@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.config import ClusterConfig
+from hpc_train.core.rundir import BATCH_EXIT
 from hpc_train.core.textutil import format_table
 from hpc_train.dist import resolve_environment
 
@@ -150,9 +151,9 @@ def render_sbatch(spec: JobSpec) -> str:
         "rc=$?",
         "",
         "# ---- teardown ----",
-        'mkdir -p "$RUN_DIR/status"',
+        f'mkdir -p "$RUN_DIR/{Path(BATCH_EXIT).parent}"',
         'printf \'{"job_id": "%s", "exit_code": %d, "end": %d}\\n\' "$SLURM_JOB_ID" "$rc" "$(date +%s)" '
-        '> "$RUN_DIR/status/batch_exit.json"',
+        f'> "$RUN_DIR/{BATCH_EXIT}"',
         'echo "hpc_train: srun exited with status $rc"',
         'exit "$rc"',
         "",

@@ -19,7 +19,8 @@ from typing import Any
 
 from hpc_train.config import Config
 from hpc_train.core.errors import LaunchError
-from hpc_train.core.rundir import RunDir, atomic_write, write_json_atomic
+from hpc_train.core.files import atomic_write
+from hpc_train.core.rundir import RunDir
 from hpc_train.launch.facts import check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.sbatch import (
     JobSpec,
@@ -68,7 +69,8 @@ def submit_slurm(
     if facts is not None:
         check_request(cfg.cluster, facts)
     spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir)
-    script = (run_dirs[0].path if len(run_dirs) == 1 else log_dir) / "job.sbatch"
+    # One job's script is in its run dir; an array's, with Slurm's output files, in the sweep's log folder.
+    script = run_dirs[0].sbatch_script if len(run_dirs) == 1 else log_dir / run_dirs[0].sbatch_script.name
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
     text = render_sbatch(spec)
     atomic_write(script, lambda f: f.write(text.encode()))
@@ -96,7 +98,7 @@ def submit_slurm(
             "overrides": list(overrides[i]) if overrides else [],
             "submitted": time.time(),
         }
-        write_json_atomic(rd.job_record, record)
+        rd.write_job_record(record)
     return job_ids
 
 
@@ -147,7 +149,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
     from hpc_train import worker
 
     cluster = cfg.cluster
-    folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / "submitit"
+    folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / run_dirs[0].submitit.name
     executor = submitit.SlurmExecutor(folder=folder, python=spec.python, max_num_timeout=0)
     flags = dict(spec.flags)
     params: dict[str, Any] = {
@@ -191,9 +193,7 @@ def follow_slurm(run_dir: RunDir, world_size: int, limit_s: float, rank: int = 0
 
 
 def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
-    from hpc_train.launch.local import Tail
-
-    tail = Tail(run_dir.rank_log(rank), sys.stdout)
+    tail = run_dir.follow_log(rank, sys.stdout)
     deadline = time.monotonic() + limit_s
     last = ""
     while True:

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState, all_ranks, never_started, rank_failures
 
 __all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "job_state", "sacct_state", "squeue_state"]
 
@@ -87,30 +88,22 @@ def sacct_state(job_id: str) -> str | None:
     return states[0] if states else None
 
 
-def _failures(statuses: dict[int, dict[str, Any]]) -> list[str]:
-    return [
-        f"rank {rank} on {s.get('host', '?')} failed: {s.get('error', '?')}"
-        for rank, s in sorted(statuses.items(), key=lambda kv: kv[1].get("time", 0))
-        if s.get("state") == "failed"
-    ]
+def _reported_failures(statuses: dict[int, dict[str, Any]]) -> list[str]:
+    """The failures the ranks wrote, while the job may still run (a live rank may yet report)."""
+    return [str(f) for f in rank_failures(statuses, gone=lambda status: False)]
 
 
-def _silent(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
-    """Ranks that were running (or never started) when the job ended: killed, or never got to report."""
-    silent = []
-    for rank in range(world_size):
-        s = statuses.get(rank)
-        if s is None:
-            silent.append(f"rank {rank} never started")
-        elif s.get("state") in ("starting", "running"):
-            step = f" after step {s['step']}" if "step" in s else ""
-            silent.append(f"rank {rank} on {s.get('host', '?')} stopped reporting{step} (killed, or out of memory?)")
-    return silent
+def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
+    """Why an ended job did not complete: ranks still marked live when it ended (killed, or never got to
+    report), ranks that never started, and the failures the others reported."""
+    missing = [f"rank {rank} never started" for rank in never_started(statuses, world_size)]
+    failures = rank_failures(statuses, gone=lambda status: True)  # the job has ended: no rank is live
+    return [str(f) for f in failures if not f.reported] + missing + [str(f) for f in failures if f.reported]
 
 
 def job_state(run_dir: RunDir, world_size: int) -> JobState:
     """Reconcile every source into one state for the run in ``run_dir``."""
-    record = read_json(run_dir.job_record) or {}
+    record = run_dir.read_job_record()
     job_id = str(record.get("job_id", ""))
     statuses = run_dir.read_statuses()
     squeue = squeue_state(job_id) if job_id else None
@@ -121,9 +114,9 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     def verdict(state: str, done: bool, ok: bool = False, detail: str = "") -> JobState:
         return replace(base, state=state, done=done, ok=ok, detail=detail)
 
-    if all(statuses.get(rank, {}).get("state") == "completed" for rank in range(world_size)):
+    if all_ranks(statuses, world_size, RankState.COMPLETED):
         return verdict("COMPLETED", done=True, ok=True, detail="every rank completed")
-    failures = _failures(statuses)
+    failures = _reported_failures(statuses)
     if squeue in ACTIVE_STATES:
         detail = "; ".join(failures) if failures else ""
         return verdict(squeue, done=False, ok=False, detail=detail)
@@ -131,9 +124,8 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         detail = "; ".join(["squeue could not reach slurmctld and sacct gave nothing", *failures])
         return verdict("UNKNOWN", done=False, detail=detail)
     scheduler = sacct if squeue in (None, UNREACHABLE) else squeue
-    silent = _silent(statuses, world_size)
-    batch = read_json(run_dir.status_dir / "batch_exit.json") or {}
-    reasons = silent + failures
+    batch = run_dir.read_batch_exit()
+    reasons = _reasons(statuses, world_size)
     if "exit_code" in batch:
         reasons.append(f"srun exited with status {batch['exit_code']}")
     if scheduler is not None:
@@ -152,7 +144,7 @@ def _without_scheduler(
     statuses: dict[int, dict[str, Any]], reasons: list[str], verdict: Callable[..., JobState]
 ) -> JobState:
     """A run with no scheduler job (a local run): the ranks' files are all there is."""
-    if any(s.get("state") == "failed" for s in statuses.values()):
+    if any(f.reported for f in rank_failures(statuses, gone=lambda status: False)):
         return verdict("FAILED", done=True, detail="; ".join(reasons))
     if statuses:
         return verdict("RUNNING?", done=False, detail="local run; ranks last reported running")

@@ -1,6 +1,6 @@
 """Checkpoints: written atomically, pruned to the newest K, and resumed from the newest one that loads.
 
-A checkpoint is one file per step, ``checkpoints/step_<9 digits>.pt``, written by rank 0 after every rank
+A checkpoint is one file per step (``RunDir.checkpoint(step)``), written by rank 0 after every rank
 has sent it its random-number state, so a resumed run draws the same numbers on every rank as the
 uninterrupted run would have. Writing goes through a temp file, fsync and rename: a crash during the write
 leaves the previous checkpoint as the newest complete one. Loading uses ``weights_only=True`` (tensors,
@@ -16,12 +16,11 @@ from typing import Any
 
 import torch
 
-from hpc_train.core.rundir import atomic_write
+from hpc_train.core.files import atomic_write
 
 __all__ = [
     "REQUIRED_KEYS",
     "capture_rng",
-    "checkpoint_path",
     "find_resumable",
     "load_checkpoint",
     "prune_checkpoints",
@@ -39,13 +38,9 @@ def save_atomic(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def checkpoint_path(folder: Path, step: int) -> Path:
-    return folder / f"step_{step:09d}.pt"
-
-
-def prune_checkpoints(folder: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` ``step_*.pt`` files (names sort by step: zero-padded)."""
-    for old in sorted(folder.glob("step_*.pt"))[:-keep]:
+def prune_checkpoints(files: list[Path], keep: int) -> None:
+    """Delete all but the newest ``keep`` of ``files`` (``RunDir.checkpoint_files()``: oldest first)."""
+    for old in files[:-keep]:
         old.unlink(missing_ok=True)
 
 
@@ -98,10 +93,10 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return dict(state)
 
 
-def find_resumable(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint in ``folder`` that loads completely, with its content; damaged ones are skipped
-    with a warning (and left in place for inspection). None when there is none."""
-    for path in sorted(folder.glob("step_*.pt"), reverse=True):
+def find_resumable(files: list[Path]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest of ``files`` (oldest first) that loads completely, with its content; damaged ones are
+    skipped with a warning (and left in place for inspection). None when there is none."""
+    for path in reversed(files):
         try:
             return path, load_checkpoint(path)
         except ValueError as exc:

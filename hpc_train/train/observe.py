@@ -36,7 +36,7 @@ class Observer:
         self._profiler = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=self.tc.profile_steps),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.run_dir.path / "profile")),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(self.run_dir.profile)),
             record_shapes=True,
         )
         self._profiler.start()
@@ -50,7 +50,7 @@ class Observer:
         if self._profiled >= PROFILE_WAIT + PROFILE_WARMUP + self.tc.profile_steps:
             self._profiler.stop()
             self._profiler = None
-            log.info("profiler trace of %d steps written to %s", self.tc.profile_steps, self.run_dir.path / "profile")
+            log.info("profiler trace of %d steps written to %s", self.tc.profile_steps, self.run_dir.profile)
 
     def memory(self) -> dict[str, float]:
         """This rank's peak GPU memory so far (empty on CPU)."""
@@ -64,7 +64,7 @@ class Observer:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only once there is a row
 
-            self._writer = SummaryWriter(str(self.run_dir.path / "tensorboard"))
+            self._writer = SummaryWriter(str(self.run_dir.tensorboard))
         for key, value in row.items():
             if key not in ("step", "epoch") and isinstance(value, int | float) and not isinstance(value, bool):
                 self._writer.add_scalar(key, value, row["step"])
@@ -78,7 +78,7 @@ class Observer:
             self._writer.close()
             self._writer = None
         if self.main and self.tc.plots and self.run_dir.metrics.exists():
-            from hpc_train.plot import plot_run
+            from hpc_train.train.plots import plot_run
 
             try:
                 paths = plot_run(self.run_dir.path)

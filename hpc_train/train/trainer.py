@@ -21,12 +21,13 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config
-from hpc_train.core.rundir import RunDir, atomic_write
+from hpc_train.core.files import atomic_write
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
 from hpc_train.faults import die_halfway, fault_from_env
 from hpc_train.train.checkpoint import (
     capture_rng,
-    checkpoint_path,
     find_resumable,
     load_checkpoint,
     prune_checkpoints,
@@ -35,7 +36,6 @@ from hpc_train.train.checkpoint import (
 )
 from hpc_train.train.data import make_datasets, make_loaders
 from hpc_train.train.early_stopping import EarlyStopping
-from hpc_train.train.metrics import MetricsWriter, drop_rows_after
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
 from hpc_train.train.optim import build_optimizer, scaled_lr
@@ -132,7 +132,7 @@ class Trainer:
         self._resume()
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
-        self.metrics = MetricsWriter(run_dir.metrics, enabled=env.is_main)  # after _resume, which may trim the file
+        self.metrics = run_dir.metrics_writer(enabled=env.is_main)  # after _resume, which may trim the file
 
     def _total_steps(self) -> int:
         tc = self.cfg.trainer
@@ -235,7 +235,7 @@ class Trainer:
         )
         stop = False
         if last or validate or self.step % tc.log_every_n_steps == 0:
-            self.run_dir.write_status(self.env.rank, "running", step=self.step, **self.observer.memory())
+            self.run_dir.write_status(self.env.rank, RankState.RUNNING, step=self.step, **self.observer.memory())
             row = self._close_window() | self.observer.memory()
             if validate:
                 row |= self.validate()
@@ -362,11 +362,11 @@ class Trainer:
         ranks: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(ranks, mine, group=self.control)
         if self.env.is_main:
-            path = checkpoint_path(self.run_dir.checkpoints, self.step)
+            path = self.run_dir.checkpoint(self.step)
             if self._fault is not None and self._fault.in_save(self.env.rank, self.step):
                 atomic_write(path, die_halfway)
             save_atomic(self._checkpoint_state(ranks), path)
-            prune_checkpoints(self.run_dir.checkpoints, self.cfg.trainer.keep_checkpoints)
+            prune_checkpoints(self.run_dir.checkpoint_files(), self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
         dist.barrier(group=self.control)
 
@@ -394,7 +394,7 @@ class Trainer:
         shows them different listings.
         """
         choice: list[Any] = [None]
-        found = find_resumable(self.run_dir.checkpoints) if self.env.is_main else None
+        found = find_resumable(self.run_dir.checkpoint_files()) if self.env.is_main else None
         if found is not None:
             choice = [str(found[0])]
         dist.broadcast_object_list(choice, src=0, group=self.control)
@@ -423,7 +423,7 @@ class Trainer:
         self._step_lr = self.optimizer.param_groups[0]["lr"]
         self.resumed_from = path
         if self.env.is_main:
-            drop_rows_after(self.run_dir.metrics, self.step)
+            self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()
         log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
 

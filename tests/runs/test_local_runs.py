@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hpc_train.__main__ import write_config
+from hpc_train.core.metrics import read_metrics
 from hpc_train.core.rundir import RunDir
-from hpc_train.train.metrics import read_metrics
 
 from ..unit.test_config import composed
 

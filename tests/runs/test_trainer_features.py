@@ -13,7 +13,7 @@ import torch
 
 from hpc_train.api import submit
 from hpc_train.core.errors import ConfigError
-from hpc_train.train.metrics import read_metrics
+from hpc_train.core.metrics import read_metrics
 
 from ..conftest import REPO
 from .test_local_runs import SMALL, weights

@@ -6,14 +6,16 @@ import os
 import signal
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.core.rundir import RunDir
 from hpc_train.dist import DistEnv
 from hpc_train.dist.process_group import init_distributed
-from hpc_train.requeue import refusal, requeue_target, restart_count
+from hpc_train.requeue import refusal, requeue_target
 from hpc_train.train.stopping import StopSignals, signal_number
 
 
@@ -27,9 +29,13 @@ def test_requeue_target_is_array_aware() -> None:
     assert requeue_target({}) is None
 
 
-def test_restart_count_prefers_slurm() -> None:
-    assert restart_count({"SLURM_RESTART_COUNT": "2", "HPC_TRAIN_RESTART": "5"}) == 2
-    assert restart_count({"HPC_TRAIN_RESTART": "1"}) == 1 and restart_count({}) == 0
+def test_restart_count_prefers_slurm(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path)
+    assert rd.attempt({}) == 0  # nothing recorded: a first attempt
+    (rd.logs).mkdir()
+    (rd.rank_log(0, 0)).touch()
+    assert rd.start_attempt() == 1  # the local launcher counts the attempts whose rank 0 logs are there
+    assert rd.attempt({"SLURM_RESTART_COUNT": "2"}) == 2 and rd.attempt({}) == 1
 
 
 def test_refusal_counts_restarts_and_stalls() -> None:

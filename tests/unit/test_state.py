@@ -184,7 +184,7 @@ def test_sbatch_job_id_ignores_warnings_on_stderr(tmp_path: Path, monkeypatch: p
 
 
 def test_metrics_reader_skips_a_row_being_written(tmp_path: Path) -> None:
-    from hpc_train.train.metrics import last_metrics, read_metrics
+    from hpc_train.core.metrics import last_metrics, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     assert read_metrics(path) == [] and last_metrics(path) == {}

@@ -78,11 +78,12 @@ def test_models_map_inputs_to_class_logits(model: MLPConfig | CNNConfig, shape: 
 
 
 def test_atomic_save_and_prune(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
     for step in (5, 10, 15):
-        save_atomic({"w": torch.full((2,), float(step))}, tmp_path / f"step_{step:09d}.pt")
-    prune_checkpoints(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000010.pt", "step_000000015.pt"]
-    assert torch.load(tmp_path / "step_000000015.pt", weights_only=True)["w"].tolist() == [15.0, 15.0]
+        save_atomic({"w": torch.full((2,), float(step))}, run_dir.checkpoint(step))
+    prune_checkpoints(run_dir.checkpoint_files(), keep=2)
+    assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == ["step_000000010.pt", "step_000000015.pt"]
+    assert torch.load(run_dir.checkpoints / "step_000000015.pt", weights_only=True)["w"].tolist() == [15.0, 15.0]
 
 
 def test_failed_atomic_write_leaves_old_file(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from hpc_train.core.rundir import atomic_write
+from hpc_train.core.files import atomic_write
 
 __all__ = ["MetricsWriter", "drop_rows_after", "last_metrics", "read_metrics"]
 
