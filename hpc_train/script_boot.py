@@ -1,43 +1,10 @@
-"""Runs a user's script or module as ``__main__`` (like ``python script.py``), with one addition at exit.
+"""``python -m hpc_train.script_boot SCRIPT|-m MODULE ARGS...``: kept as an alias of ``hpc_train.runtime.script_boot``."""
 
-DDP models live in reference cycles, so a script's DDP (and the ProcessGroupGloo it holds) is often freed only
-by the garbage collection during interpreter shutdown. Gloo's worker threads are then torn down while the
-interpreter is half gone, and the process can abort ("terminate called without an active exception"; measured
-here in about 1 run in 10 on 4 ranks, under torchrun too; see pytorch PR #179291). An atexit hook runs while
-the interpreter is still whole: it collects those cycles and destroys a process group the script left behind.
-
-    python -m hpc_train.script_boot path/to/script.py ARGS...
-    python -m hpc_train.script_boot -m package.module ARGS...
-"""
-
-from __future__ import annotations
-
-import atexit
-import gc
-import os
-import runpy
 import sys
 
+from hpc_train.runtime.script_boot import main
 
-def _release_distributed() -> None:
-    gc.collect()
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    gc.collect()
-
-
-def main(argv: list[str]) -> None:
-    atexit.register(_release_distributed)
-    if argv[:1] == ["-m"]:
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return
-    path = argv[0]
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(path))  # as `python path` would have it
-    runpy.run_path(path, run_name="__main__")
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     main(sys.argv[1:])

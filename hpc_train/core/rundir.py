@@ -14,7 +14,6 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
     status/restarts.json       one entry per attempt that stopped on a signal
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
-    status/attempt.json        the attempt number the local launchers start
     submitit/                  submitit's pickles and the raw stdout/stderr of each task
     profile/, tensorboard/, plots/
 """
@@ -173,25 +172,17 @@ class RunDir:
 
     # ---- attempts -----------------------------------------------------------------------------------------
 
-    @property
-    def attempt_record(self) -> Path:
-        return self.status_dir / "attempt.json"
+    def next_attempt(self) -> int:
+        """For a local launcher about to start the ranks: 0 for a fresh run dir, k when k earlier attempts left
+        their rank 0 logs here (the run is being resumed). The launcher hands it to every rank."""
+        return len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
 
-    def start_attempt(self) -> int:
-        """Called by a local launcher before it starts the ranks: the number of this attempt (0 for a fresh run
-        dir, k when k earlier attempts left rank 0 logs), recorded for the ranks to read."""
-        attempt = len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
-        write_json_atomic(self.attempt_record, {"attempt": attempt})
-        return attempt
-
-    def attempt(self, environ: Mapping[str, str] | None = None) -> int:
-        """Which attempt this rank belongs to: Slurm's SLURM_RESTART_COUNT in a requeued job, else the number
-        the local launcher recorded, else 0. It names the rank logs and counts against cluster.max_restarts."""
+    @staticmethod
+    def attempt(launched: int = 0, environ: Mapping[str, str] | None = None) -> int:
+        """Which attempt a rank belongs to: Slurm's SLURM_RESTART_COUNT in a requeued job, else the number its
+        launcher handed it (``next_attempt``). It names the rank logs and counts against cluster.max_restarts."""
         environ = os.environ if environ is None else environ
-        if environ.get("SLURM_RESTART_COUNT"):
-            return int(environ["SLURM_RESTART_COUNT"])
-        record = read_json(self.attempt_record)
-        return int(record.get("attempt", 0)) if isinstance(record, dict) else 0
+        return int(environ.get("SLURM_RESTART_COUNT") or launched)
 
     @property
     def restarts(self) -> Path:

@@ -19,11 +19,11 @@ import submitit
 from submitit.core.utils import JobPaths
 from submitit.local.local import LocalJob
 
-from hpc_train import worker
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.files import Tail, last_lines
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankFailure, RankState, all_ranks, pid_alive, rank_failures, signal_live_ranks
+from hpc_train.runtime import worker
 
 __all__ = ["follow", "launch_debug", "launch_local"]
 
@@ -33,14 +33,14 @@ POLL_S = 0.2
 def launch_local(cfg: Config, run_dir: RunDir) -> int:
     """Start ``cluster.tasks_per_node`` ranks here, stream rank 0's output, return the job's exit code."""
     run_dir.clear_statuses()
-    run_dir.start_attempt()  # a run dir with rank logs is being resumed: its ranks name their logs after it
     executor = submitit.LocalExecutor(folder=run_dir.submitit)
     executor.update_parameters(
         tasks_per_node=cfg.cluster.tasks_per_node,
         gpus_per_node=cfg.cluster.gpus_per_node,
         timeout_min=cfg.cluster.timeout_min,
     )
-    job = executor.submit(worker.run, str(run_dir.path))
+    # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
+    job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
     assert isinstance(job, LocalJob)
     print(f"hpc_train: local job {job.job_id} with {cfg.cluster.world_size} ranks, run dir {run_dir.path}", flush=True)
     with _signals_as_interrupt():
@@ -50,9 +50,8 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
 def launch_debug(cfg: Config, run_dir: RunDir) -> int:
     """Run the single rank in this process (submitit's DebugExecutor), so breakpoints and pdb work."""
     run_dir.clear_statuses()
-    run_dir.start_attempt()
     executor = submitit.DebugExecutor(folder=run_dir.submitit)
-    job = executor.submit(worker.run, str(run_dir.path))
+    job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
     job.result()  # runs the worker here; an exception propagates (after pdb post-mortem on a terminal)
     return 0
 

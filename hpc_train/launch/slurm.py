@@ -146,7 +146,7 @@ def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
 def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log_dir: Path) -> tuple[str, list[str]]:
     import submitit
 
-    from hpc_train import worker
+    from hpc_train.runtime import worker
 
     cluster = cfg.cluster
     folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / run_dirs[0].submitit.name

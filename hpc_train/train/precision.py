@@ -15,7 +15,6 @@ class Precision:
     """``autocast()`` for forward passes and ``scaler`` for backward/step (a no-op unless fp16)."""
 
     def __init__(self, name: str, device: torch.device) -> None:
-        self.name = name
         self.device_type = device.type
         self.dtype = _DTYPES[name]
         # bf16 keeps fp32's exponent range, so only fp16 needs its loss scaled.

@@ -11,9 +11,10 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -21,11 +22,9 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config
-from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
-from hpc_train.faults import die_halfway, fault_from_env
 from hpc_train.train.checkpoint import (
     capture_rng,
     find_resumable,
@@ -46,12 +45,23 @@ from hpc_train.train.strategy import wrap_model
 from hpc_train.train.usercode import build_loss, build_metric
 from hpc_train.train.watchdog import Watchdog
 
-__all__ = ["COMPLETED", "STOPPED", "Trainer"]
+__all__ = ["COMPLETED", "STOPPED", "Faults", "Trainer"]
 
-COMPLETED = "completed"
+COMPLETED = RankState.COMPLETED
 """fit() trained to the end (max_steps, max_epochs or early stopping)."""
-STOPPED = "stopped"
+STOPPED = RankState.STOPPED
 """fit() stopped on a signal after every rank saved the same checkpoint."""
+
+Save = Callable[[Any, Path], None]
+
+
+class Faults(Protocol):
+    """Deliberate failures for the test suite (``hpc_train.runtime.faults``); None in a real run."""
+
+    def at_step(self, rank: int, step: int) -> None: ...
+
+    def checkpoint_writer(self, rank: int, save: Save) -> Save: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +77,18 @@ class Trainer:
         run_dir: RunDir,
         stop: StopSignals | None = None,
         watchdog: Watchdog | None = None,
+        fault: Faults | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.stop = stop or StopSignals(())
         self.watchdog = watchdog
+        # Called after every optimizer step with the step number: the watchdog's kick, and a test's fault.
+        self._step_hooks: list[Callable[[int], None]] = []
+        if watchdog is not None:
+            self._step_hooks.append(lambda step: watchdog.kick())
+        if fault is not None:
+            self._step_hooks.append(lambda step: fault.at_step(env.rank, step))
+        self._save: Save = save_atomic if fault is None else fault.checkpoint_writer(env.rank, save_atomic)
         tc = cfg.trainer
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.
         torch.manual_seed(tc.seed)
@@ -107,7 +125,6 @@ class Trainer:
         self._epoch_loader_rng = self.loader_rng.get_state()
         self.stopped_by = 0
         """The signal that stopped training (0: none)."""
-        self.resumed_from: Path | None = None
         self.observer = Observer(cfg, env, device, run_dir)
         self.progress = tqdm(
             total=self.total_steps,
@@ -125,7 +142,6 @@ class Trainer:
         # wait for the device each step. It is read (and reduced across ranks) only when a row is written.
         self._window_loss = torch.zeros((), device=device)
         self._step_lr = self.lr
-        self._fault = fault_from_env()
         self.first_step_at = 0.0
         """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
         self._first_row_written = False
@@ -165,10 +181,8 @@ class Trainer:
                 self.step_in_epoch += 1
                 if not self.first_step_at:
                     self.first_step_at = time.time()
-                if self.watchdog is not None:
-                    self.watchdog.kick()
-                if self._fault is not None:
-                    self._fault.maybe_fire(self.env.rank, self.step)
+                for hook in self._step_hooks:
+                    hook(self.step)
                 early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
                 if early_stop or self.step >= self.total_steps:
                     self._save_final()
@@ -363,9 +377,7 @@ class Trainer:
         dist.all_gather_object(ranks, mine, group=self.control)
         if self.env.is_main:
             path = self.run_dir.checkpoint(self.step)
-            if self._fault is not None and self._fault.in_save(self.env.rank, self.step):
-                atomic_write(path, die_halfway)
-            save_atomic(self._checkpoint_state(ranks), path)
+            self._save(self._checkpoint_state(ranks), path)
             prune_checkpoints(self.run_dir.checkpoint_files(), self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
         dist.barrier(group=self.control)
@@ -421,7 +433,6 @@ class Trainer:
         self._window_loss.copy_(window_losses[self.env.rank])
         restore_rng(state["rng"][self.env.rank], self.device)
         self._step_lr = self.optimizer.param_groups[0]["lr"]
-        self.resumed_from = path
         if self.env.is_main:
             self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()

@@ -15,7 +15,7 @@ from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.core.rundir import RunDir
 from hpc_train.dist import DistEnv
 from hpc_train.dist.process_group import init_distributed
-from hpc_train.requeue import refusal, requeue_target
+from hpc_train.runtime.requeue import refusal, requeue_target
 from hpc_train.train.stopping import StopSignals, signal_number
 
 
@@ -30,12 +30,14 @@ def test_requeue_target_is_array_aware() -> None:
 
 
 def test_restart_count_prefers_slurm(tmp_path: Path) -> None:
+    assert RunDir.attempt(5, {"SLURM_RESTART_COUNT": "2"}) == 2
+    assert RunDir.attempt(1, {}) == 1 and RunDir.attempt(0, {}) == 0
     rd = RunDir(tmp_path)
-    assert rd.attempt({}) == 0  # nothing recorded: a first attempt
-    (rd.logs).mkdir()
-    (rd.rank_log(0, 0)).touch()
-    assert rd.start_attempt() == 1  # the local launcher counts the attempts whose rank 0 logs are there
-    assert rd.attempt({"SLURM_RESTART_COUNT": "2"}) == 2 and rd.attempt({}) == 1
+    assert rd.next_attempt() == 0  # a fresh run dir
+    rd.logs.mkdir()
+    rd.rank_log(0, 0).touch()
+    rd.rank_log(0, 1).touch()
+    assert rd.next_attempt() == 2  # the local launcher counts the attempts whose rank 0 logs are there
 
 
 def test_refusal_counts_restarts_and_stalls() -> None:

@@ -12,7 +12,7 @@ from torch.utils.data import DistributedSampler
 from hpc_train.config import CNNConfig, DataConfig, MLPConfig, check_override_keys
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
-from hpc_train.faults import fault_from_env
+from hpc_train.runtime.faults import fault_from_env
 from hpc_train.train.checkpoint import prune_checkpoints, save_atomic
 from hpc_train.train.data import ShardSampler, make_synthetic
 from hpc_train.train.models import build_model
@@ -130,9 +130,9 @@ def test_fault_spec() -> None:
     assert fault_from_env("") is None
     fault = fault_from_env("rank=1,step=3,kind=raise")
     assert fault is not None and (fault.rank, fault.step, fault.kind) == (1, 3, "raise")
-    fault.maybe_fire(0, 3)
-    fault.maybe_fire(1, 2)
+    fault.at_step(0, 3)
+    fault.at_step(1, 2)
     with pytest.raises(RuntimeError, match="injected fault"):
-        fault.maybe_fire(1, 3)
+        fault.at_step(1, 3)
     with pytest.raises(ValueError, match="HPC_TRAIN_FAULT"):
         fault_from_env("rank=1")

@@ -6,20 +6,30 @@ requeued); the restarted job finds the checkpoint in its run dir and goes on. Ea
 in ``status/restarts.json``; requeueing is refused, with the reason, after ``cluster.max_restarts`` restarts or
 when the last attempts made no step of progress (``cluster.max_stalled_restarts``), so a job that cannot get
 anywhere does not cycle through the queue forever.
+
+``after_stop`` is the policy in one function: every rank calls it once training stopped on a signal.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from hpc_train.config import ClusterConfig
+from hpc_train.config import ClusterConfig, Config
+from hpc_train.core.errors import LaunchError
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
+from hpc_train.dist import DistEnv
+from hpc_train.runtime.outcome import Fit, Outcome
+from hpc_train.train.stopping import signal_number
 
-__all__ = ["record_attempt", "refusal", "requeue", "requeue_target"]
+__all__ = ["after_stop", "record_attempt", "refusal", "requeue", "requeue_target"]
+
+log = logging.getLogger("hpc_train")
 
 SCONTROL_TIMEOUT_S = 30
 
@@ -68,12 +78,48 @@ def refusal(history: list[dict[str, Any]], restart: int, cluster: ClusterConfig)
 
 
 def requeue(target: str) -> None:
-    """``scontrol requeue <target>``; RuntimeError with scontrol's message when it fails."""
+    """``scontrol requeue <target>``; LaunchError with scontrol's message when it fails."""
     try:
         proc = subprocess.run(
             ["scontrol", "requeue", target], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"scontrol requeue {target} failed: {exc}") from None
+        raise LaunchError(f"scontrol requeue {target} failed: {exc}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"scontrol requeue {target} failed: {(proc.stderr or proc.stdout).strip()}")
+        raise LaunchError(f"scontrol requeue {target} failed: {(proc.stderr or proc.stdout).strip()}")
+
+
+def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) -> Outcome:
+    """Every rank has saved the checkpoint of ``fit.step``. On Slurm rank 0 requeues the job (within the limits).
+
+    Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
+    preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
+    """
+    extra: dict[str, Any] = {"signal": fit.signal, **fit.peak}
+    own = fit.signal == signal_number(cfg.cluster.signal)
+    target = requeue_target() if env.source == "slurm" and own else None
+    if target is None:
+        log.warning(
+            "stopped at step %d on signal %d; checkpoint saved. Run again with the same run dir to resume",
+            fit.step,
+            fit.signal,
+        )
+        return Outcome(RankState.STOPPED, fit.step, extra)
+    if not env.is_main:
+        return Outcome(RankState.STOPPED, fit.step, extra)
+    history = record_attempt(rd, attempt, fit.start_step, fit.step, fit.signal)
+    why_not = refusal(history, attempt, cfg.cluster)
+    if why_not is not None:
+        raise LaunchError(why_not)
+    extra["requeued"] = target
+    # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
+    rd.write_status(env.rank, RankState.STOPPED, step=fit.step, restart=attempt, **extra)
+    log.warning(
+        "stopped at step %d on signal %d; checkpoint saved; requeueing %s (restart %d)",
+        fit.step,
+        fit.signal,
+        target,
+        attempt + 1,
+    )
+    requeue(target)
+    return Outcome(RankState.STOPPED, fit.step, extra)

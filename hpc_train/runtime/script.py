@@ -10,6 +10,8 @@ stays up until every rank's script has exited. With rank 0's script hosting it, 
 takes the store down while the others are still tearing down their process groups, and they can abort
 ("terminate called without an active exception"). The script runs through ``hpc_train.script_boot``, which
 also frees DDP's process group before the interpreter shuts down (the same abort, from torch itself).
+
+The script's exit code is the rank's verdict: 0 completed, anything else failed.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from hpc_train.config import ClusterConfig, ScriptConfig
+from hpc_train.config import ClusterConfig, Config, ScriptConfig
+from hpc_train.core.errors import LaunchError
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
+from hpc_train.runtime.outcome import Outcome
 
-__all__ = ["run_script", "torchrun_environment"]
+__all__ = ["run_script", "run_user_script", "torchrun_environment"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 FINISHED_KEY = "hpc_train/scripts_finished"
@@ -62,7 +68,7 @@ def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_d
     store = dist.TCPStore(  # type: ignore[attr-defined]
         env.master_addr, env.master_port, is_master=env.rank == 0, timeout=timeout, wait_for_workers=False
     )
-    target = ["-m", "hpc_train.script_boot", *([script.path] if script.path else ["-m", script.module])]
+    target = ["-m", "hpc_train.runtime.script_boot", *([script.path] if script.path else ["-m", script.module])]
     child_env = {**os.environ, **torchrun_environment(env, cluster, run_dir), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     child = subprocess.Popen([sys.executable, *target, *script.args], env=child_env)
 
@@ -77,6 +83,23 @@ def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_d
             signal.signal(sig, handler)
     _finish(store, env, timeout)
     return code
+
+
+def run_user_script(rd: RunDir, env: DistEnv, cfg: Config) -> Outcome:
+    """The user's torchrun-style script instead of the trainer; it sets up its own process group."""
+    rd.write_status(env.rank, RankState.RUNNING)
+    what = cfg.script.path or cfg.script.module
+    log.info(
+        "running %s on rank %d with the torchrun environment (master %s:%d)",
+        what,
+        env.rank,
+        env.master_addr,
+        env.master_port,
+    )
+    code = run_script(cfg.script, env, cfg.cluster, str(rd.path), timedelta(seconds=cfg.trainer.dist_timeout_s))
+    if code != 0:
+        raise LaunchError(f"{what} exited with status {code} on rank {env.rank}")
+    return Outcome(RankState.COMPLETED, 0)
 
 
 def _finish(store: Any, env: DistEnv, timeout: timedelta) -> None:

