@@ -287,7 +287,7 @@ def print_report(summary: dict[str, dict[str, Any]], ratio: dict[str, dict[str, 
 
 
 def plot(summary: dict[str, dict[str, Any]], path: Path) -> None:
-    from hpc_train.plot import pyplot, save
+    from hpc_train.train.plots import pyplot, save
 
     configs = sorted({key.rsplit("/", 1)[0] for key in summary})
     variants = [v for v in VARIANTS if any(k.endswith("/" + v) for k in summary)]

@@ -1,39 +1,10 @@
-"""``python -m hpc_train.plot RUN_DIR [RUN_DIR ...]``: PNG curves of metrics.jsonl.
+"""``python -m hpc_train.plot``: the path users type, kept as an alias of ``hpc_train.tools.plot``."""
 
-Each run gets ``plots/loss.png`` (train and validation loss) and ``plots/metrics.png`` (validation metric and
-learning rate). With several runs (a sweep's elements) ``--compare OUT.png`` overlays their validation loss.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from hpc_train.core.rundir import RunDir
-from hpc_train.train.plots import plot_compare, plot_run, pyplot, save
+from hpc_train.tools.plot import main, plot_compare, plot_run, pyplot, save
 
 __all__ = ["main", "plot_compare", "plot_run", "pyplot", "save"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m hpc_train.plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("run_dirs", nargs="+", type=Path)
-    parser.add_argument("--compare", type=Path, help="also overlay the runs' validation loss in this PNG")
-    args = parser.parse_args(argv)
-    for run_dir in args.run_dirs:
-        metrics = RunDir(run_dir).metrics
-        if not metrics.is_file():
-            print(f"hpc_train.plot: {run_dir} has no metrics yet ({metrics} does not exist)", file=sys.stderr)
-            return 2
-        for path in plot_run(run_dir):
-            print(path)
-    if args.compare:
-        print(plot_compare(args.run_dirs, args.compare))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -88,7 +88,7 @@ def _check_one_request(typed: list[Config]) -> None:
 def _submit_array(
     typed: list[Config], sweep_configs: list[DictConfig], job_overrides: Sequence[Sequence[str]]
 ) -> list[JobReturn]:
-    from hpc_train.__main__ import write_config
+    from hpc_train.launch import write_config
     from hpc_train.launch.slurm import submit_slurm
 
     run_dirs = [_run_dir(c) for c in sweep_configs]

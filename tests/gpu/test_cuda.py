@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_train.__main__ import write_config
 from hpc_train.core.metrics import read_metrics
 from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.launch import write_config
 
 from ..conftest import assert_bitwise_equal, gpu_test
 from ..unit.test_config import composed

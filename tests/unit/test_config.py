@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from hpc_train.__main__ import write_config
 from hpc_train.api import compose_config
 from hpc_train.config import (
     AdamWConfig,
@@ -23,6 +22,7 @@ from hpc_train.config import (
 )
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
+from hpc_train.launch import write_config
 
 from ..conftest import CONF
 

@@ -19,7 +19,7 @@ from hpc_train.launch.facts import (
     read_live,
     slurm_minutes,
 )
-from hpc_train.profile import profile_yaml, table
+from hpc_train.tools.profile import profile_yaml, table
 
 # Trimmed `scontrol show partition -o` / `scontrol show node -o` lines in Slurm 22.05's format.
 PARTITIONS = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_train.core.errors import ConfigError
-from hpc_train.scaling import Point, plan, recommend, summarize, throughput
+from hpc_train.tools.scaling import Point, plan, recommend, summarize, throughput
 
 
 def test_plan_strong_and_weak_shapes() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpc_train.core.rundir import RunDir, write_json_atomic
-from hpc_train.jobs import main as jobs_main
-from hpc_train.jobs import resolve_target
 from hpc_train.launch.state import job_state
+from hpc_train.tools.jobs import main as jobs_main
+from hpc_train.tools.jobs import resolve_target
 
 
 def fake(bin_dir: Path, name: str, stdout: str = "", code: int = 0, stderr: str = "") -> None:

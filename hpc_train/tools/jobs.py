@@ -1,0 +1,233 @@
+"""``python -m hpc_train.jobs``: status, logs, cancel and collect for runs, sweeps and job ids.
+
+    python -m hpc_train.jobs status  TARGET...          # state of each run (squeue + sacct + rank files)
+    python -m hpc_train.jobs logs    TARGET [--rank N] [--slurm] [--follow]
+    python -m hpc_train.jobs cancel  TARGET...
+    python -m hpc_train.jobs collect SWEEP_DIR          # one row per sweep element: state and final metrics
+
+TARGET is a run dir, a sweep dir (``multirun/...``) or a Slurm job id (``123`` or ``123_4``); job ids are
+looked up in the job.json files under ./outputs and ./multirun (or --search DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hpc_train.core.files import read_json
+from hpc_train.core.rundir import JOB_RECORD, RunDir
+from hpc_train.core.state import signal_live_ranks
+from hpc_train.core.textutil import format_table
+from hpc_train.launch.state import JobState, job_state
+
+__all__ = ["main"]
+
+JOB_ID = re.compile(r"\d+(_\d+)?")
+
+
+class TargetError(ValueError):
+    """A target that names no run."""
+
+
+def _sweep_runs(path: Path) -> list[RunDir]:
+    subdirs = [p for p in path.iterdir() if p.is_dir() and RunDir.holds_run(p)]
+    return [
+        RunDir(p)
+        for p in sorted(subdirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+    ]
+
+
+def _job_records(roots: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    for root in roots:
+        if root.is_dir():
+            for path in root.rglob(JOB_RECORD):
+                record = read_json(path)
+                if isinstance(record, dict):
+                    yield path.parent, record
+
+
+def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
+    """The run dirs a target names."""
+    path = Path(target)
+    if path.is_dir():
+        if RunDir.holds_run(path):
+            return [RunDir(path)]
+        runs = _sweep_runs(path)
+        if runs:
+            return runs
+        raise TargetError(
+            f"{target}: neither a run dir (no {RunDir(path).config.name}) nor a sweep dir (no run dirs inside)"
+        )
+    if JOB_ID.fullmatch(target):
+        found = [
+            RunDir(run)
+            for run, record in _job_records(roots)
+            if target in (str(record.get("job_id")), str(record.get("array_job_id")))
+        ]
+        if found:
+            return sorted(found, key=lambda rd: str(rd.path))
+        where = ", ".join(str(r) for r in roots)
+        raise TargetError(
+            f"job {target}: no run dir under {where} has that job id. HINT: pass the run dir, or --search DIR"
+        )
+    raise TargetError(f"{target}: no such directory, and not a Slurm job id")
+
+
+def _world_size(run_dir: RunDir) -> int:
+    from hpc_train.config import load_config
+
+    return load_config(run_dir.config).cluster.world_size
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else ("-" if value is None else str(value))
+
+
+def _state(run_dir: RunDir) -> JobState:
+    return job_state(run_dir, _world_size(run_dir))
+
+
+def cmd_status(runs: list[RunDir], as_json: bool) -> int:
+    rows, records = [], []
+    for rd in runs:
+        state = _state(rd)
+        step = max((int(s.get("step", 0)) for s in state.ranks.values()), default=0)
+        rows.append([rd.path, state.job_id or "-", state.state, step, state.detail or "-"])
+        records.append(
+            {
+                "run_dir": str(rd.path),
+                "job_id": state.job_id,
+                "state": state.state,
+                "done": state.done,
+                "ok": state.ok,
+                "step": step,
+                "detail": state.detail,
+                "squeue": state.squeue,
+                "sacct": state.sacct,
+            }
+        )
+    if as_json:
+        print(json.dumps(records, indent=1))
+    else:
+        print(format_table(["run dir", "job", "state", "step", "detail"], rows))
+    return 0
+
+
+def cmd_collect(runs: list[RunDir]) -> int:
+    records = [rd.read_job_record() for rd in runs]
+    # Show what the elements differ in; what they share is noise in every row.
+    shared = set.intersection(*(set(r.get("overrides", [])) for r in records)) if records else set()
+    rows = []
+    for index, (rd, record) in enumerate(zip(runs, records, strict=True)):
+        state = _state(rd)
+        m = rd.last_metrics()
+        overrides = " ".join(o for o in record.get("overrides", []) if o not in shared) or "-"
+        rows.append(
+            [
+                index,
+                overrides,
+                state.job_id or "-",
+                state.state,
+                m.get("step"),
+                m.get("train_loss"),
+                m.get("val_loss"),
+                m.get("val_acc"),
+            ]
+        )
+    header = ["#", "overrides", "job", "state", "step", "train_loss", "val_loss", "val_acc"]
+    print(format_table(header, [[_fmt(c) for c in row] for row in rows]))
+    return 0
+
+
+def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: float) -> int:
+    record = run_dir.read_job_record()
+    if slurm:
+        output = record.get("slurm_output")
+        if not output:
+            print(f"{run_dir.path}: no Slurm output recorded (not a Slurm run?)", file=sys.stderr)
+            return 2
+        print(Path(output).read_text(errors="replace") if Path(output).exists() else f"({output} does not exist yet)")
+        return 0
+    if follow:
+        from hpc_train.launch.slurm import follow_slurm
+
+        return follow_slurm(run_dir, _world_size(run_dir), limit_s=timeout_s, rank=rank)
+    path = run_dir.rank_log(rank)
+    if not path.exists():
+        print(f"{path} does not exist yet (rank {rank} has not started)", file=sys.stderr)
+        return 1
+    sys.stdout.write(path.read_text(errors="replace"))
+    return 0
+
+
+def cmd_cancel(runs: list[RunDir]) -> int:
+    ids: list[str] = []
+    for rd in runs:
+        record = rd.read_job_record()
+        if record.get("job_id"):
+            job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])
+            if job not in ids:
+                ids.append(job)
+        else:
+            _cancel_local(rd)
+    if ids:
+        proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode != 0:
+            print(f"scancel failed: {proc.stderr.strip()}", file=sys.stderr)
+            return 1
+        print(f"cancelled Slurm job(s) {' '.join(ids)}")
+    return 0
+
+
+def _cancel_local(run_dir: RunDir) -> None:
+    for rank, pid in signal_live_ranks(run_dir.read_statuses()):
+        print(f"sent SIGTERM to rank {rank} (pid {pid})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpc_train.jobs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--search", action="append", type=Path, help="where to look up job ids (default: ./outputs, ./multirun)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="state of runs, sweeps or jobs")
+    status.add_argument("targets", nargs="+")
+    status.add_argument("--json", action="store_true", help="one JSON object per run")
+    logs = sub.add_parser("logs", help="a rank's log (rank 0 by default)")
+    logs.add_argument("target")
+    logs.add_argument("--rank", type=int, default=0)
+    logs.add_argument("--slurm", action="store_true", help="Slurm's own output file of the job instead")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    logs.add_argument("--timeout", type=float, default=24 * 3600, help="stop following after this many seconds")
+    cancel = sub.add_parser("cancel", help="scancel the job(s); a sweep dir cancels its whole array")
+    cancel.add_argument("targets", nargs="+")
+    collect = sub.add_parser("collect", help="one row per sweep element: state and final metrics")
+    collect.add_argument("sweep_dir")
+    args = parser.parse_args(argv)
+    roots = args.search or [Path("outputs"), Path("multirun")]
+    try:
+        if args.command == "status":
+            return cmd_status([rd for t in args.targets for rd in resolve_target(t, roots)], args.json)
+        if args.command == "collect":
+            return cmd_collect(resolve_target(args.sweep_dir, roots))
+        if args.command == "cancel":
+            return cmd_cancel([rd for t in args.targets for rd in resolve_target(t, roots)])
+        runs = resolve_target(args.target, roots)
+        if len(runs) != 1:
+            raise TargetError(f"{args.target} names {len(runs)} runs; logs shows one: pass one run dir or element id")
+        return cmd_logs(runs[0], args.rank, args.slurm, args.follow, args.timeout)
+    except TargetError as exc:
+        print(f"hpc_train.jobs: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
