@@ -1,0 +1,110 @@
+"""The layer rule of docs/architecture.md: a module imports only from its own layer and the layers below.
+
+Every import counts, including the lazy ones inside functions (they are how a layer would sneak back up).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each layer, and the layers it may import from (besides itself).
+ALLOWED = {
+    "core": set(),
+    "config": {"core"},
+    "dist": {"core"},
+    "train": {"core", "config", "dist"},
+    "runtime": {"core", "config", "dist", "train"},
+    # Launchers start ranks; the ranks build the trainer. So launch stays clear of train (and of torch).
+    "launch": {"core", "config", "dist", "runtime"},
+    "tools": {"core", "config", "dist", "train", "runtime", "launch"},
+    "entry": {"core", "config", "dist", "train", "runtime", "launch", "tools"},
+}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a dotted module name inside hpc_train (or of one of our Hydra plugins)."""
+    parts = module.split(".")
+    if parts[0] == "hydra_plugins":
+        return "entry"
+    assert parts[0] == "hpc_train", module
+    if len(parts) == 1:
+        return "entry"  # the package itself
+    if parts[1] in ("core", "dist", "train", "runtime", "launch", "tools"):
+        return parts[1]
+    if parts[1] in ("config", "conf"):
+        return "config"
+    return "entry"  # __main__ and the thin aliases users type (hpc_train.worker, hpc_train.jobs, ...)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, module) for every hpc_train import in ``source``, relative ones resolved."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            # `from hpc_train import worker` imports the module hpc_train.worker.
+            found += [(node.lineno, f"{name}.{a.name}" if name == "hpc_train" else name) for a in node.names]
+    return [(line, name) for line, name in found if name.split(".")[0] == "hpc_train"]
+
+
+def violations(path: Path, source: str | None = None) -> list[str]:
+    module = module_name(path)
+    layer = layer_of(module)
+    text = path.read_text() if source is None else source
+    bad = []
+    for line, target in imported(text, module, path.name == "__init__.py"):
+        other = layer_of(target)
+        if other != layer and other not in ALLOWED[layer]:
+            bad.append(f"{path.relative_to(ROOT)}:{line}: {layer} imports {target} ({other})")
+    return bad
+
+
+def sources() -> list[Path]:
+    return sorted([*ROOT.glob("hpc_train/**/*.py"), *ROOT.glob("hydra_plugins/**/*.py")])
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    bad = [v for path in sources() for v in violations(path)]
+    assert not bad, "imports that reach up a layer (see docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_every_module_has_a_layer_the_rule_knows() -> None:
+    assert {layer_of(module_name(p)) for p in sources()} <= set(ALLOWED)
+    # The three kinds of module are in folders of their own.
+    assert {"core", "runtime", "tools"} <= {layer_of(module_name(p)) for p in sources()}
+
+
+@pytest.mark.parametrize(
+    ("where", "source"),
+    [
+        ("hpc_train/core/rundir.py", "from hpc_train.config import Config\n"),
+        ("hpc_train/dist/env.py", "def f():\n    from hpc_train.launch.slurm import submit_slurm\n"),
+        ("hpc_train/train/observe.py", "import hpc_train.tools.plot\n"),
+        ("hpc_train/launch/sweep.py", "from hpc_train import __main__\n"),
+        ("hpc_train/launch/local.py", "from hpc_train.train.trainer import Trainer\n"),
+        ("hpc_train/runtime/worker.py", "from ..launch import launch\n"),
+    ],
+)
+def test_the_rule_catches_an_import_reaching_up(where: str, source: str) -> None:
+    assert violations(ROOT / where, source), f"{source!r} in {where} should break the rule"
+
+
+def test_the_rule_lets_a_layer_import_downwards() -> None:
+    assert not violations(ROOT / "hpc_train/runtime/worker.py", "from hpc_train.train.trainer import Trainer\n")
+    assert not violations(ROOT / "hpc_train/tools/jobs.py", "from ..launch.state import job_state\n")
