@@ -108,7 +108,9 @@ HOSTLIST_KEYS = ("exclude",)
 """ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
 SUBMIT_MODES = ("submitit", "sbatch")
 GPU_BINDINGS = ("node", "task")
-# sbatch flags hpc_train sets itself from the keys named here; cluster.sbatch_args may not set them.
+# sbatch flags hpc_train sets itself from the keys named here (or refuses: ntasks, gres, error, wrap);
+# cluster.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
+# is here.
 MANAGED_SBATCH_FLAGS = {
     "nodes": "cluster.nodes",
     "ntasks": "cluster.nodes and cluster.tasks_per_node",
@@ -149,7 +151,13 @@ _SLURM_ONLY = (
     "srun_args",
     "python",
     "array_parallelism",
+    "job_name",
+    "srun_wait_s",
+    "signal_lead_s",
+    "max_restarts",
+    "max_stalled_restarts",
 )
+"""Keys only a Slurm job uses: set on a local or debug run, they are ignored with a warning."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
     status/restarts.json       one entry per attempt that stopped on a signal
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
-    submitit/                  submitit's pickles and the raw stdout/stderr of each task
+    submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log
     profile/, tensorboard/, plots/
 """
 
@@ -85,6 +85,11 @@ class RunDir:
     def submitit(self) -> Path:
         """submitit's own folder: pickles and the raw stdout/stderr of each task."""
         return self.path / "submitit"
+
+    @property
+    def controller_log(self) -> Path:
+        """The stderr of submitit's local controller (cluster=local)."""
+        return self.submitit / "controller.log"
 
     # ---- what the ranks write -----------------------------------------------------------------------------
 

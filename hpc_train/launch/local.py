@@ -2,17 +2,24 @@
 
 submitit's local controller waits for *all* tasks, so a rank that dies early would leave its peers blocked in
 a collective until the collective timeout. ``follow`` therefore watches the ranks itself (status files and
-pids), and once one has failed gives the others ``cluster.failure_grace_s`` to exit before it cancels the job.
+pids), and once one has failed gives the others ``cluster.failure_grace_s`` to exit before it ends the job.
+
+The controller is started with SIGINT ignored and its stderr in ``submitit/controller.log``: it shares the
+terminal's process group, and on Ctrl-C it would print its own KeyboardInterrupt traceback and SIGKILL the
+ranks a second later, before they could checkpoint. The ranks get Ctrl-C themselves, and the launcher ends
+the job by signalling the ranks, never through the controller.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import submitit
@@ -39,8 +46,9 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
         gpus_per_node=cfg.cluster.gpus_per_node,
         timeout_min=cfg.cluster.timeout_min,
     )
-    # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
-    job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
+    with _quiet_controller(run_dir):
+        # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
+        job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
     assert isinstance(job, LocalJob)
     print(f"hpc_train: local job {job.job_id} with {cfg.cluster.world_size} ranks, run dir {run_dir.path}", flush=True)
     with _signals_as_interrupt():
@@ -54,6 +62,30 @@ def launch_debug(cfg: Config, run_dir: RunDir) -> int:
     job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
     job.result()  # runs the worker here; an exception propagates (after pdb post-mortem on a terminal)
     return 0
+
+
+@contextmanager
+def _quiet_controller(run_dir: RunDir) -> Iterator[None]:
+    """While submitit starts its controller: SIGINT ignored and stderr to a log (they are inherited), and
+    submitit's INFO lines off in the ranks (they interleave with rank 0's output; SUBMITIT_LOG_LEVEL=INFO in
+    the environment brings them back)."""
+    run_dir.submitit.mkdir(parents=True, exist_ok=True)
+    saved_level = os.environ.get("SUBMITIT_LOG_LEVEL")
+    os.environ.setdefault("SUBMITIT_LOG_LEVEL", "WARNING")
+    saved_stderr = os.dup(2)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with run_dir.controller_log.open("ab") as log:
+            sys.stderr.flush()
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+        signal.signal(signal.SIGINT, previous)
+        if saved_level is None:
+            os.environ.pop("SUBMITIT_LOG_LEVEL", None)
 
 
 @contextmanager
@@ -79,14 +111,37 @@ def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[RankFailure]:
     )
 
 
-def _stop(job: LocalJob[Any], timeout_s: float = 15.0) -> None:
-    """Cancel the job (the controller forwards SIGINT, then SIGKILL, to the ranks) and wait for it to end."""
-    job.cancel()
-    deadline = time.monotonic() + timeout_s
-    while not job.done() and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    if not job.done() and job._process is not None:
-        job._process.kill()
+def _task_pids(job: LocalJob[Any], folder: Path) -> list[int]:
+    """Every process of the job (ranks, and what they started), found by the variables submitit gives them:
+    the status files miss a rank that has not written one yet."""
+    key = f"SUBMITIT_LOCAL_JOB_ID={job.job_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if key in environ and any(v.startswith(b"SUBMITIT_") and str(folder).encode() in v for v in environ):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _stop(job: LocalJob[Any], folder: Path, timeout_s: float = 15.0) -> None:
+    """End the job: SIGTERM its processes, SIGKILL what is left 2 s later; the controller then exits by itself
+    (it is killed too if it has not after ``timeout_s``)."""
+    for signum, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, timeout_s)):
+        for pid in _task_pids(job, folder):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        deadline = time.monotonic() + wait_s
+        while not job.done() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if job.done():
+            return
+    with suppress(ProcessLookupError):
+        os.kill(int(job.job_id), signal.SIGKILL)  # a LocalJob's id is its controller's pid
 
 
 def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
@@ -105,14 +160,14 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
                 failed_since = now
             if failed_since is not None and now - failed_since > cluster.failure_grace_s:
                 reason = f"stopped the remaining ranks {cluster.failure_grace_s:g}s after the first failure"
-                _stop(job)
+                _stop(job, run_dir.submitit)
             elif now > deadline:
                 reason = f"the job exceeded cluster.timeout_min={cluster.timeout_min:g}"
-                _stop(job)
+                _stop(job, run_dir.submitit)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         if not _checkpoint_and_stop(job, run_dir, tails):
-            _stop(job)
+            _stop(job, run_dir.submitit)
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
             )

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
@@ -415,7 +416,7 @@ class Trainer:
         path = Path(choice[0])
         state = found[1] if found is not None else load_checkpoint(path)  # rank 0 has read it already
         if state.get("world_size") != self.env.world_size:
-            raise RuntimeError(
+            raise ConfigError(
                 f"{path} was written by {state.get('world_size')} ranks, this run has {self.env.world_size}: the "
                 "random states and data shards would not line up. HINT: resume with the same cluster shape, or "
                 "start a new run directory"

@@ -94,7 +94,7 @@ def test_cuda_without_gpus_is_fine_where_the_gpus_stay_visible() -> None:
 
 
 def test_wrong_type_rejected_while_composing() -> None:
-    with pytest.raises(Exception, match="batch_size"):
+    with pytest.raises(ConfigError, match="batch_size"):
         composed("trainer.batch_size=abc")
 
 

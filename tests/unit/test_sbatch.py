@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.config import ClusterConfig
+from hpc_train.config import MANAGED_SBATCH_FLAGS, ClusterConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.launch.sbatch import emulate_rank_table, job_spec, render_sbatch
 
@@ -195,3 +195,16 @@ def test_sweep_elements_must_share_one_request() -> None:
     _check_one_request([job(2), job(2)])
     with pytest.raises(ConfigError, match=r"sweep element 1 has cluster\.nodes=3 but element 0 has 2"):
         _check_one_request([job(2), job(3)])
+
+
+@pytest.mark.parametrize("binding", ["node", "task"])
+def test_every_flag_hpc_train_writes_is_one_sbatch_args_may_not_set(binding: str) -> None:
+    """MANAGED_SBATCH_FLAGS is what cluster.sbatch_args is refused; a flag the script writes and the table
+    lacks could be given twice, with the user's value silently winning or losing."""
+    cluster = golden_cluster()
+    cluster.gpu_binding = binding
+    spec = job_spec(cluster, [Path("/r/0"), Path("/r/1")], Path("/r"))
+    lines = render_sbatch(spec).splitlines()
+    written = {line.removeprefix("#SBATCH --").split("=")[0] for line in lines if line.startswith("#SBATCH --")}
+    assert {"nodes", "signal", "array", "output"} <= written  # the parse found the flags
+    assert written - set(cluster.sbatch_args) - set(MANAGED_SBATCH_FLAGS) == set()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler
 
 from hpc_train.config import CNNConfig, DataConfig, MLPConfig, check_override_keys
 from hpc_train.core.errors import ConfigError
@@ -32,12 +31,6 @@ def test_shard_sampler_covers_each_sample_once(length: int, world: int) -> None:
     shards = [list(ShardSampler(length, r, world)) for r in range(world)]
     assert sorted(i for s in shards for i in s) == list(range(length))
     assert [len(ShardSampler(length, r, world)) for r in range(world)] == [len(s) for s in shards]
-
-
-def test_distributed_sampler_pads_which_is_why_validation_does_not_use_it() -> None:
-    data = list(range(409))
-    counted = sum(len(list(DistributedSampler(data, num_replicas=2, rank=r, shuffle=False))) for r in range(2))
-    assert counted == 410
 
 
 def test_synthetic_data_is_deterministic_and_split() -> None:
