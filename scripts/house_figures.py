@@ -61,23 +61,18 @@ def scan(path: Path) -> tuple[bool, int]:
     return knows, states
 
 
-def main() -> int:
+def main() -> None:
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
     files = sorted([*root.glob("hpc_train/**/*.py"), *root.glob("benchmarks/*.py")])
-    knowing, state_files, total_states = [], [], 0
-    for path in files:
-        knows, states = scan(path)
-        if knows:
-            knowing.append(str(path.relative_to(root)))
-        if states:
-            state_files.append(f"{path.relative_to(root)} ({states})")
-            total_states += states
+    found = {str(path.relative_to(root)): scan(path) for path in files}
+    knowing = [name for name, (knows, _) in found.items() if knows]
+    states = {name: count for name, (_, count) in found.items() if count}
     worker = next(p for p in (root / "hpc_train/runtime/worker.py", root / "hpc_train/worker.py") if p.exists())
     print(f"worker entry: {worker.relative_to(root)}, {len(worker.read_text().splitlines())} lines")
     print(f"modules that know a run-dir file name: {len(knowing)}: {', '.join(knowing)}")
-    print(f"rank-state string literals: {total_states} in {len(state_files)} files: {', '.join(state_files)}")
-    return 0
+    where = ", ".join(f"{name} ({count})" for name, count in states.items())
+    print(f"rank-state string literals: {sum(states.values())} in {len(states)} files: {where}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -13,6 +13,8 @@ import pytest
 from ..conftest import REPO
 
 TESTBED = REPO / "slurm" / "testbed.sh"
+SLURM_2X2 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "data.num_samples=4096"]
+"""2 nodes x 2 ranks on the testbed's default partition, with data enough for several batches per rank."""
 
 
 def _nodes_idle() -> bool:

@@ -15,17 +15,14 @@ import pytest
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import assert_bitwise_equal
-from .conftest import cli, wait_for_job
+from .conftest import SLURM_2X2, cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
 # 2 nodes x 2 ranks, dropout on (each rank's generator matters), several epochs; slow enough (~5 s of steps) that
 # a signal lands mid-run.
 JOB = [
-    "cluster=slurm",
-    "cluster.nodes=2",
-    "cluster.tasks_per_node=2",
-    "data.num_samples=4096",
+    *SLURM_2X2,
     "model.hidden_sizes=[512,512]",
     "model.dropout=0.1",
     "trainer.max_steps=120",

@@ -16,17 +16,11 @@ import pytest
 
 from hpc_train.core.rundir import RunDir, read_json
 
-from .conftest import cli, wait_for_job
+from .conftest import SLURM_2X2, cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-TWO_BY_TWO = [
-    "cluster=slurm",
-    "cluster.nodes=2",
-    "cluster.tasks_per_node=2",
-    "data.num_samples=4096",
-    "model.hidden_sizes=[64]",
-]
+TWO_BY_TWO = [*SLURM_2X2, "model.hidden_sizes=[64]"]
 
 
 def assert_trained_on_two_hosts(run_dir: Path) -> None:
@@ -50,16 +44,15 @@ def test_submitit_two_nodes_by_two_tasks(tmp_path: Path) -> None:
     assert json.loads(status.stdout)[0]["state"] == "COMPLETED"
 
 
-def test_returns_at_once_without_wait(tmp_path: Path) -> None:
+def ten_steps(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``python -m hpc_train`` of a 10-step 2 x 2 job in tmp_path/run, with ``extra`` overrides."""
     run_dir = tmp_path / "run"
-    proc = cli(
-        "hpc_train",
-        *TWO_BY_TWO,
-        "cluster.submit=sbatch",
-        "trainer.max_steps=10",
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-    )
+    proc = cli("hpc_train", *TWO_BY_TWO, *extra, "trainer.max_steps=10", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    return proc, run_dir
+
+
+def test_returns_at_once_without_wait(tmp_path: Path) -> None:
+    proc, run_dir = ten_steps(tmp_path, "cluster.submit=sbatch")
     assert proc.returncode == 0, proc.stderr[-3000:]
     job_id = read_json(RunDir(run_dir).job_record)["job_id"]
     assert f"python -m hpc_train.jobs logs {run_dir} --follow" in proc.stdout
@@ -70,15 +63,7 @@ def test_returns_at_once_without_wait(tmp_path: Path) -> None:
 
 
 def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    dry = cli(
-        "hpc_train",
-        *TWO_BY_TWO,
-        "cluster.dry_run=true",
-        "trainer.max_steps=10",
-        f"hydra.run.dir={run_dir}",
-        cwd=tmp_path,
-    )
+    dry, run_dir = ten_steps(tmp_path, "cluster.dry_run=true")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
     assert not (run_dir / "job.json").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -142,9 +143,15 @@ def test_slurm_array_element_names_array_and_gets_its_own_port() -> None:
     assert a.master_port != b.master_port
 
 
-@pytest.mark.parametrize("missing", ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID"])
-def test_slurm_missing_variable_is_named(missing: str) -> None:
-    env = slurm_task(0)
+@pytest.mark.parametrize(
+    ("launched", "missing"),
+    [
+        *[(lambda: slurm_task(0), name) for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_ID")],
+        *[(lambda: torchrun_worker(1), name) for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "RANK")],
+    ],
+)
+def test_missing_variable_is_named(launched: Callable[[], dict[str, str]], missing: str) -> None:
+    env = launched()
     del env[missing]
     with pytest.raises(DistEnvironmentError, match=missing):
         resolve_environment(env)
@@ -213,14 +220,6 @@ def test_rank_and_world_size_without_elastic_id_is_torchrun() -> None:
     env = torchrun_worker(1)
     del env["TORCHELASTIC_RUN_ID"]
     assert resolve_environment(env).source == "torchrun"
-
-
-@pytest.mark.parametrize("missing", ["LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "RANK"])
-def test_torchrun_missing_variable_is_named(missing: str) -> None:
-    env = torchrun_worker(1)
-    del env[missing]
-    with pytest.raises(DistEnvironmentError, match=missing):
-        resolve_environment(env)
 
 
 def test_torchrun_group_rank_defaults_from_rank() -> None:
