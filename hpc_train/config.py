@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import shlex
+import shutil
 import signal as _signal
 import warnings
 from collections.abc import Mapping
@@ -715,13 +717,28 @@ class ScriptConfig(_Checked):
     """A Python file to run on every rank (made absolute when the config is built)."""
     module: str = ""
     """Or a module to run with python -m."""
+    command: str = ""
+    """Or an executable (a console entry point such as ``deepliif``, or a path), run as it is, like torchrun's
+    --no-python; it must be found on PATH when the config is built."""
     args: list[str] = field(default_factory=list)
     """Its command-line arguments."""
 
     def __post_init__(self) -> None:
+        given = [key for key in ("path", "module", "command") if getattr(self, key)]
         self._require(
-            not (self.path and self.module), "module", "give script.path or script.module, not both", "drop one"
+            len(given) <= 1,
+            given[-1] if given else "path",
+            f"give one of script.path, script.module and script.command, not {' and '.join(given)}",
+            "drop all but one",
         )
+        if self.command:
+            found = shutil.which(os.path.expanduser(self.command))
+            self._require(
+                found is not None,
+                "command",
+                "not an executable on PATH (nor an executable file)",
+                "install it into this environment, or give its full path, e.g. script.command=$HOME/bin/train",
+            )
         if self.path:
             path = Path(self.path).expanduser()
             self._require(
@@ -731,7 +748,7 @@ class ScriptConfig(_Checked):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.path or self.module)
+        return bool(self.path or self.module or self.command)
 
 
 @dataclass

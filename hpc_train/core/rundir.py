@@ -14,6 +14,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
     status/restarts.json       one entry per attempt that stopped on a signal
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
+    status/progress_<r>.json   the steps a user's script reported through hpc_train.preemption
     submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log
     profile/, tensorboard/, plots/
 """
@@ -213,6 +214,17 @@ class RunDir:
     def status_path(self, rank: int) -> Path:
         return self.status_dir / f"rank_{rank}.json"
 
+    def script_progress(self, rank: int) -> Path:
+        """The steps a user's script reported (``hpc_train.preemption.should_stop(step)``) in this attempt."""
+        return self.status_dir / f"progress_{rank}.json"
+
+    def read_script_progress(self, rank: int) -> dict[str, Any]:
+        record = read_json(self.script_progress(rank))
+        return record if isinstance(record, dict) else {}
+
+    def write_script_progress(self, rank: int, record: dict[str, Any]) -> None:
+        write_json_atomic(self.script_progress(rank), record, durable=False)
+
     @property
     def batch_exit(self) -> Path:
         """srun's exit status as the sbatch script's teardown saw it."""
@@ -235,9 +247,12 @@ class RunDir:
         write_json_atomic(self.status_path(rank), {**record, **extra}, durable=False)
 
     def write_failure(self, rank: int, error: str | BaseException, detail: str | None = None) -> None:
-        """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback."""
+        """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback: the
+        exception's, or its ``detail`` when it carries one (a user script's own stderr)."""
         if isinstance(error, BaseException):
-            detail = "".join(traceback.format_exception(error)[-12:]) if detail is None else detail
+            carried = getattr(error, "detail", None)
+            if detail is None:
+                detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])
             error = f"{type(error).__name__}: {error}"
         status = read_json(self.status_path(rank))
         step = int(status.get("step", 0)) if isinstance(status, dict) else 0
@@ -246,7 +261,7 @@ class RunDir:
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
-        for path in self.status_dir.glob("rank_*.json"):
+        for path in [*self.status_dir.glob("rank_*.json"), *self.status_dir.glob("progress_*.json")]:
             path.unlink(missing_ok=True)
         self.batch_exit.unlink(missing_ok=True)
 

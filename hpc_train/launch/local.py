@@ -203,8 +203,10 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):
         step = statuses[0].get("step", 0)
+        checkpoint = run_dir.checkpoint(step)
+        saved = f"every rank is in {checkpoint}" if checkpoint.exists() else "the script saved what it saves"
         print(
-            f"hpc_train: stopped at step {step} on a signal; every rank is in {run_dir.checkpoint(step)}.\n"
+            f"hpc_train: stopped at step {step} on a signal; {saved}.\n"
             f"  resume: python -m hpc_train hydra.run.dir={shlex.quote(str(run_dir.path))} <the same overrides>",
             file=sys.stderr,
             flush=True,

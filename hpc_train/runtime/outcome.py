@@ -16,8 +16,9 @@ class Fit:
 
     completed: bool
     """False: stopped on a signal after every rank saved the checkpoint of ``step``."""
-    start_step: int
-    step: int
+    start_step: int | None
+    step: int | None
+    """None for a user's script that did not report its steps (``hpc_train.preemption.should_stop(step)``)."""
     signal: int
     peak: dict[str, float]
     """The peak GPU memory the heartbeats had (empty on CPU); the final status keeps it."""

@@ -42,7 +42,9 @@ def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
     return environ.get("SLURM_JOB_ID") or None
 
 
-def record_attempt(rd: RunDir, restart: int, resumed_step: int, stopped_step: int, signum: int) -> list[dict[str, Any]]:
+def record_attempt(
+    rd: RunDir, restart: int, resumed_step: int | None, stopped_step: int | None, signum: int
+) -> list[dict[str, Any]]:
     """Append this attempt to ``status/restarts.json``; returns the whole history."""
     entry = {
         "restart": restart,
@@ -64,7 +66,8 @@ def refusal(history: list[dict[str, Any]], restart: int, cluster: ClusterConfig)
         )
     stalled = 0
     for attempt in reversed(history):
-        if attempt["stopped_step"] > attempt["resumed_step"]:
+        resumed, stopped = attempt["resumed_step"], attempt["stopped_step"]
+        if resumed is None or stopped is None or stopped > resumed:  # progress made, or not known
             break
         stalled += 1
     if stalled > cluster.max_stalled_restarts:
@@ -90,36 +93,30 @@ def requeue(target: str) -> None:
 
 
 def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) -> Outcome:
-    """Every rank has saved the checkpoint of ``fit.step``. On Slurm rank 0 requeues the job (within the limits).
+    """Training stopped on a signal: every rank saved the checkpoint of ``fit.step`` (a user's script saved
+    what it saves). On Slurm rank 0 requeues the job, within the limits.
 
     Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
     preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
     """
     extra: dict[str, Any] = {"signal": fit.signal, **fit.peak}
+    step = fit.step or 0
     own = fit.signal == signal_number(cfg.cluster.signal)
     target = requeue_target() if env.source == "slurm" and own else None
     if target is None:
-        log.warning(
-            "stopped at step %d on signal %d; checkpoint saved. Run again with the same run dir to resume",
-            fit.step,
-            fit.signal,
-        )
-        return Outcome(RankState.STOPPED, fit.step, extra)
+        log.warning("stopped at step %s on signal %d. Run again with the same run dir to resume", fit.step, fit.signal)
+        return Outcome(RankState.STOPPED, step, extra)
     if not env.is_main:
-        return Outcome(RankState.STOPPED, fit.step, extra)
+        return Outcome(RankState.STOPPED, step, extra)
     history = record_attempt(rd, attempt, fit.start_step, fit.step, fit.signal)
     why_not = refusal(history, attempt, cfg.cluster)
     if why_not is not None:
         raise LaunchError(why_not)
     extra["requeued"] = target
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
-    rd.write_status(env.rank, RankState.STOPPED, step=fit.step, restart=attempt, **extra)
+    rd.write_status(env.rank, RankState.STOPPED, step=step, restart=attempt, **extra)
     log.warning(
-        "stopped at step %d on signal %d; checkpoint saved; requeueing %s (restart %d)",
-        fit.step,
-        fit.signal,
-        target,
-        attempt + 1,
+        "stopped at step %s on signal %d; requeueing %s (restart %d)", fit.step, fit.signal, target, attempt + 1
     )
     requeue(target)
-    return Outcome(RankState.STOPPED, fit.step, extra)
+    return Outcome(RankState.STOPPED, step, extra)

@@ -11,7 +11,15 @@ takes the store down while the others are still tearing down their process group
 ("terminate called without an active exception"). The script runs through ``hpc_train.script_boot``, which
 also frees DDP's process group before the interpreter shuts down (the same abort, from torch itself).
 
-The script's exit code is the rank's verdict: 0 completed, anything else failed.
+How a rank's script run ends (the exit contract):
+- no stop signal reached the rank and the script exited 0: completed;
+- no stop signal, any other exit status: failed, with the tail of the script's stderr in the rank's status
+  (so the launcher and ``hpc_train.jobs status`` show the script's own traceback, not ours);
+- a stop signal (``cluster.signal``, SIGTERM or SIGINT) reached the rank: stopped, whatever the exit status.
+  A script that uses ``hpc_train.preemption`` (or a callback from ``hpc_train.integrations``) saves and
+  returns 0; a script that knows nothing of hpc_train dies of the signal. Either way the preemption signal
+  requeues the job on Slurm, under the same limits as the built-in trainer, and the script resumes from what
+  it saved.
 """
 
 from __future__ import annotations
@@ -21,27 +29,48 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
-from hpc_train.runtime.outcome import Outcome
+from hpc_train.runtime.outcome import Fit
+from hpc_train.train.stopping import signal_number
 
-__all__ = ["run_script", "run_user_script", "torchrun_environment"]
+__all__ = ["ScriptError", "ScriptRun", "run_script", "run_user_script", "torchrun_environment"]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 FINISHED_KEY = "hpc_train/scripts_finished"
 log = logging.getLogger(__name__)
 
 
-def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str) -> dict[str, str]:
-    """The variables a torchrun worker sees, for this rank."""
+class ScriptError(LaunchError):
+    """The user's script failed on this rank; ``detail`` is the tail of its stderr (its traceback)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    code: int
+    """The script's exit status (negative: killed by that signal)."""
+    stopped_by: int
+    """The first stop signal that reached this rank while the script ran (0: none)."""
+    stderr_tail: str
+
+
+def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str, attempt: int = 0) -> dict[str, str]:
+    """The variables a torchrun worker sees, for this rank, and the few ``hpc_train.preemption`` reads."""
+    stop = [signal_number(cluster.signal), signal.SIGTERM, signal.SIGINT]
     return {
         "RANK": str(env.rank),
         "LOCAL_RANK": str(env.local_rank),
@@ -54,13 +83,48 @@ def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str) -> 
         "MASTER_PORT": str(env.master_port),
         "OMP_NUM_THREADS": str(cluster.cpus_per_task),
         "HPC_TRAIN_RUN_DIR": run_dir,
+        "HPC_TRAIN_ATTEMPT": str(attempt),
+        "HPC_TRAIN_STOP_SIGNALS": ",".join(str(int(s)) for s in stop),
     }
 
 
-def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_dir: str, timeout: timedelta) -> int:
-    """Run the script as a child process with the torchrun environment; returns its exit code.
+def script_argv(script: ScriptConfig) -> list[str]:
+    """The command line of the script: a file or module through ``script_boot``, or a command as it is."""
+    if script.command:
+        return [script.command, *script.args]
+    target = [script.path] if script.path else ["-m", script.module]
+    return [sys.executable, "-m", "hpc_train.runtime.script_boot", *target, *script.args]
 
-    Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script.
+
+class _StderrTail:
+    """Copies a child's stderr to ours as it comes, and keeps its end for the failure report."""
+
+    KEEP = 16384
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        self._pipe, self._kept = pipe, b""
+        self._thread = threading.Thread(target=self._copy, name="script-stderr", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        fd = self._pipe.fileno()
+        while chunk := os.read(fd, 65536):
+            os.write(2, chunk)
+            self._kept = (self._kept + chunk)[-self.KEEP :]
+
+    def tail(self, lines: int = 15, wait_s: float = 5.0) -> str:
+        """The last lines (a grandchild that holds the pipe open delays EOF: we wait ``wait_s`` at most)."""
+        self._thread.join(wait_s)
+        return "\n".join(self._kept.decode(errors="replace").splitlines()[-lines:])
+
+
+def run_script(
+    script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_dir: str, timeout: timedelta, attempt: int = 0
+) -> ScriptRun:
+    """Run the script as a child process with the torchrun environment, until it exits.
+
+    Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script;
+    the first stop signal among them is remembered.
     """
     import torch.distributed as dist
 
@@ -68,11 +132,18 @@ def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_d
     store = dist.TCPStore(  # type: ignore[attr-defined]
         env.master_addr, env.master_port, is_master=env.rank == 0, timeout=timeout, wait_for_workers=False
     )
-    target = ["-m", "hpc_train.runtime.script_boot", *([script.path] if script.path else ["-m", script.module])]
-    child_env = {**os.environ, **torchrun_environment(env, cluster, run_dir), "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    child = subprocess.Popen([sys.executable, *target, *script.args], env=child_env)
+    variables = torchrun_environment(env, cluster, run_dir, attempt)
+    stops = {int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(",")}
+    child_env = {**os.environ, **variables, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    child = subprocess.Popen(script_argv(script), env=child_env, stderr=subprocess.PIPE)
+    assert child.stderr is not None
+    stderr = _StderrTail(child.stderr)
+    stopped_by = 0
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopped_by
+        if signum in stops and not stopped_by:
+            stopped_by = signum
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
@@ -82,13 +153,18 @@ def run_script(script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_d
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _finish(store, env, timeout)
-    return code
+    return ScriptRun(code, stopped_by, stderr.tail())
 
 
-def run_user_script(rd: RunDir, env: DistEnv, cfg: Config) -> Outcome:
-    """The user's torchrun-style script instead of the trainer; it sets up its own process group."""
-    rd.write_status(env.rank, RankState.RUNNING)
-    what = cfg.script.path or cfg.script.module
+def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
+    """The user's torchrun-style script instead of the trainer; it sets up its own process group.
+
+    Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported
+    through ``hpc_train.preemption``, if it did); raises ScriptError when it failed.
+    """
+    rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
+    rd.script_progress(env.rank).unlink(missing_ok=True)
+    what = cfg.script.path or cfg.script.module or cfg.script.command
     log.info(
         "running %s on rank %d with the torchrun environment (master %s:%d)",
         what,
@@ -96,10 +172,21 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config) -> Outcome:
         env.master_addr,
         env.master_port,
     )
-    code = run_script(cfg.script, env, cfg.cluster, str(rd.path), timedelta(seconds=cfg.trainer.dist_timeout_s))
-    if code != 0:
-        raise LaunchError(f"{what} exited with status {code} on rank {env.rank}")
-    return Outcome(RankState.COMPLETED, 0)
+    timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
+    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt)
+    progress = rd.read_script_progress(env.rank)
+    first, last = progress.get("first_step"), progress.get("step")
+    start = None if first is None else int(first) - 1
+    if run.stopped_by:
+        log.warning("%s ended with status %d after signal %d on rank %d", what, run.code, run.stopped_by, env.rank)
+        return Fit(False, start, None if last is None else int(last), run.stopped_by, {})
+    if run.code != 0:
+        how = f"was killed by {signal.Signals(-run.code).name}" if run.code < 0 else f"exited with status {run.code}"
+        last_line = next((line for line in reversed(run.stderr_tail.splitlines()) if line.strip()), "")
+        raise ScriptError(
+            f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else ""), run.stderr_tail
+        )
+    return Fit(True, start or 0, int(last or 0), 0, {})
 
 
 def _finish(store: Any, env: DistEnv, timeout: timedelta) -> None:

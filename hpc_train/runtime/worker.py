@@ -54,7 +54,6 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 
 def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
-    from hpc_train.dist import distributed
     from hpc_train.runtime.requeue import after_stop
 
     cfg = load_config(rd.config)
@@ -62,7 +61,17 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
         from hpc_train.runtime.script import run_user_script
 
         startup.done()
-        return run_user_script(rd, env, cfg)
+        fit = run_user_script(rd, env, cfg, attempt)
+    else:
+        fit = _train(rd, env, cfg, attempt, startup)
+    if fit.completed:
+        return Outcome(RankState.COMPLETED, fit.step or 0, fit.peak)
+    return after_stop(rd, env, cfg, attempt, fit)
+
+
+def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup) -> Fit:
+    from hpc_train.dist import distributed
+
     device = startup.device(cfg, env)
     fault = armed_fault()
     if fault is not None:
@@ -71,10 +80,7 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
     with _guards(rd, env, cfg, attempt) as (stop, watchdog), distributed(env, device, *timeouts):
         _publish_rank_table(rd, env, device)
         rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
-        fit = _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
-    if fit.completed:
-        return Outcome(RankState.COMPLETED, fit.step, fit.peak)
-    return after_stop(rd, env, cfg, attempt, fit)
+        return _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
 
 
 @contextmanager

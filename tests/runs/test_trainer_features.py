@@ -129,10 +129,15 @@ def test_built_in_models_train(run_cli, model: list[str]) -> None:  # type: igno
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
 
-def test_torchrun_style_script_on_two_local_ranks(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("how", ["path", "command"])
+def test_torchrun_style_script_on_two_local_ranks(run_cli, tmp_path: Path, how: str) -> None:  # type: ignore[no-untyped-def]
+    """script.path, and script.command: an executable run as it is (the interpreter, as a console script)."""
     out = tmp_path / "out"
     out.mkdir()
-    proc, _ = run_cli(f"script.path={TUTORIAL}", f"script.args=[--out,{out}]")
+    if how == "path":
+        proc, _ = run_cli(f"script.path={TUTORIAL}", f"script.args=[--out,{out}]")
+    else:
+        proc, _ = run_cli(f"script.command={sys.executable}", f"script.args=[{TUTORIAL},--out,{out}]")
     ok(proc)
     seen = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(s["rank"], s["local_rank"], s["world_size"]) for s in seen] == [(0, 0, 2), (1, 1, 2)]
@@ -142,9 +147,19 @@ def test_torchrun_style_script_on_two_local_ranks(run_cli, tmp_path: Path) -> No
 
 
 def test_failing_script_fails_the_job(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc, _ = run_cli(f"script.path={TUTORIAL}", "script.args=[--steps,2]")  # no --out: argparse exits 2
+    proc, run_dir = run_cli(f"script.path={TUTORIAL}", "script.args=[--steps,2]")  # no --out: argparse exits 2
     assert proc.returncode == 1
     assert "exited with status 2" in proc.stderr
+    # The script's own error, not only ours: in the launcher's summary, with its stderr tail below it...
+    summary = next(line for line in proc.stderr.splitlines() if "failed first:" in line)
+    assert "the following arguments are required: --out" in summary, proc.stderr[-2000:]
+    assert "usage: ddp_tutorial.py" in proc.stderr.split(summary, 1)[1]
+    # ...and in `jobs status`.
+    status = subprocess.run(
+        [sys.executable, "-m", "hpc_train.jobs", "status", "--json", str(run_dir)], capture_output=True, text=True
+    )
+    detail = json.loads(status.stdout)[0]["detail"]
+    assert "exited with status 2" in detail and "required: --out" in detail, detail
 
 
 def test_notebook_api_runs_two_configs(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,3 +83,26 @@ def test_preflight_names_the_missing_ranks() -> None:
 
     with pytest.raises(DistEnvironmentError, match=r"only ranks 0 of 3 .*127\.0\.0\.1:\d+; missing: ranks 1,2"):
         init_distributed(env, torch.device("cpu"), timedelta(seconds=30), timedelta(seconds=1))
+
+
+def test_unknown_progress_is_not_a_stall() -> None:
+    """A user's script that does not report its steps: only cluster.max_restarts limits its requeues."""
+    cluster = ClusterConfig(launcher="slurm", max_restarts=5, max_stalled_restarts=0)
+    unknown = {"restart": 0, "resumed_step": None, "stopped_step": None, "signal": 12}
+    assert refusal([unknown, unknown, unknown], 3, cluster) is None
+    assert "max_restarts=5" in str(refusal([unknown], 5, cluster))
+
+
+def test_should_stop_outside_a_process_group_and_the_restart_count() -> None:
+    """In a script's own process: the handler only sets the flag, should_stop reports it, the count comes from
+    the worker (a subprocess: importing the module installs signal handlers)."""
+    code = (
+        "import os, signal\n"
+        "from hpc_train import preemption\n"
+        "first = preemption.should_stop()\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "print(first, preemption.should_stop(), preemption.stop_signal(), preemption.restart_count())\n"
+    )
+    env = {**os.environ, "HPC_TRAIN_ATTEMPT": "3"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.split() == ["False", "True", str(int(signal.SIGUSR2)), "3"], proc.stderr

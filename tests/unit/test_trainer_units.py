@@ -149,6 +149,14 @@ def test_torchrun_environment_of_a_slurm_rank() -> None:
         (["trainer.schedule.name=linear"], r"trainer\.schedule\.name='linear'"),
         (["model=transformer", "data.input_shape=[16,49]", "model.nhead=5"], r"model\.nhead=5 is invalid: must divide"),
         (["script.path=/no/such/script.py"], r"script\.path='/no/such/script\.py' is invalid: no such file"),
+        (
+            ["script.command=no-such-trainer-cmd"],
+            r"script\.command='no-such-trainer-cmd' is invalid: not an executable",
+        ),
+        (
+            ["script.module=m", "script.command=ls"],
+            r"script\.command='ls' is invalid: give one of .* not module and",
+        ),
         (["model=custom"], r"model\._target_ is not set"),
         (["trainer.loss={a: 1}"], r"trainer\.loss=\{'a': 1\} is invalid: must name a callable in _target_"),
     ],

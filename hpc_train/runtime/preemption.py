@@ -1,0 +1,99 @@
+"""For your own training loop under hpc_train: stop together on preemption, and know which attempt this is.
+
+    import torch.distributed as dist
+    from hpc_train import preemption
+
+    dist.init_process_group("gloo")            # or nccl: your script sets up its own group, as under torchrun
+    step = load_my_checkpoint()                # 0 on the first attempt
+    while step < max_steps:
+        train_one_step(); step += 1
+        if preemption.should_stop(step):      # every rank calls it, every step
+            save_my_checkpoint(step)           # on the ranks that take part in your checkpoint
+            break                              # and return normally (exit 0): hpc_train requeues the job
+
+Importing this module installs handlers for the stop signals (``cluster.signal``, SIGTERM, SIGINT) that only
+set a flag; ``should_stop`` all-reduces that flag, so every rank sees True at the same step once any rank had
+a signal. The reduction is asynchronous (the one started at a call is read at the next), so it costs about
+nothing per step and the answer comes one step after the signal. Outside hpc_train (plain torchrun) it works
+the same, with USR2, SIGTERM and SIGINT as the stop signals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from hpc_train.core.rundir import RunDir
+from hpc_train.train.stopping import StopSignals
+
+__all__ = ["restart_count", "should_stop", "stop_signal"]
+
+_DEFAULT_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_signals() -> list[int]:
+    listed = os.environ.get("HPC_TRAIN_STOP_SIGNALS", "")
+    return [int(s) for s in listed.split(",") if s] or [int(s) for s in _DEFAULT_SIGNALS]
+
+
+_signals = StopSignals(_stop_signals()).install()
+_control: Any = None
+"""The group the flag is reduced over: the default group if it is gloo, else a gloo group made once."""
+_agreed = 0
+_first_step: int | None = None
+
+
+def restart_count() -> int:
+    """0 on the first attempt; k after the job was requeued (or resumed) k times."""
+    return int(os.environ.get("HPC_TRAIN_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+def stop_signal() -> int:
+    """The stop signal the ranks agreed on (0 while there is none)."""
+    return _agreed
+
+
+def should_stop(step: int | None = None) -> bool:
+    """True on every rank at the same call once any rank has had a stop signal; a collective over the group the
+    script initialised, so every rank must call it, the same number of times.
+
+    ``step`` (the optimizer steps done so far) lets hpc_train tell an attempt that made progress from one that
+    did not, for ``cluster.max_stalled_restarts``; without it the requeue limit still counts restarts.
+    """
+    global _agreed, _first_step
+    if step is not None and _first_step is None:
+        _first_step = step
+        _report(step, stopped=False)
+    if _agreed:
+        return True
+    _agreed = _signals.agree(_group()) if _initialized() else _signals.received
+    if _agreed and step is not None:
+        _report(step, stopped=True)
+    return bool(_agreed)
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _group() -> Any:
+    global _control
+    import torch.distributed as dist
+
+    if _control is None:
+        # Over gloo on the CPU: with NCCL the flag would make the host wait for the GPU at every step.
+        _control = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return _control
+
+
+def _report(step: int, stopped: bool) -> None:
+    """Tell the worker which steps this attempt covered (it reads them after the script exits)."""
+    run_dir, rank = os.environ.get("HPC_TRAIN_RUN_DIR"), os.environ.get("RANK")
+    if not run_dir or rank is None:
+        return
+    record = {"first_step": _first_step, "step": step, "stopped": stopped, "attempt": restart_count()}
+    RunDir(Path(run_dir)).write_script_progress(int(rank), record)
