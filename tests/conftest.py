@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,22 @@ def run_cli(tmp_path: Path):  # type: ignore[no-untyped-def]
         return proc, run_dir
 
     return run
+
+
+def start_in_foreground(argv: list[str]) -> subprocess.Popen[str]:
+    """Start a launcher the way a terminal starts a foreground command, so that a SIGINT (Ctrl-C) reaches it.
+
+    A shell starts background jobs (`cmd &`, as CI may run the suite) with SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored, so without this the launcher would never see the Ctrl-C.
+    """
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def assert_bitwise_equal(a: Path, b: Path) -> None:

@@ -95,5 +95,5 @@ def _report(step: int, stopped: bool) -> None:
     run_dir, rank = os.environ.get("HPC_TRAIN_RUN_DIR"), os.environ.get("RANK")
     if not run_dir or rank is None:
         return
-    record = {"first_step": _first_step, "step": step, "stopped": stopped, "attempt": restart_count()}
+    record = {"first_step": _first_step, "step": step, "stop_agreed": stopped, "attempt": restart_count()}
     RunDir(Path(run_dir)).write_script_progress(int(rank), record)

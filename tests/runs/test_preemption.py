@@ -14,7 +14,7 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import assert_bitwise_equal
+from ..conftest import assert_bitwise_equal, start_in_foreground
 
 # Dropout draws from each rank's own generator; 1400 samples / (2 x 32) = 19 steps an epoch, so 35 steps cross an
 # epoch boundary and a stop at step 13 is mid-epoch.
@@ -115,16 +115,7 @@ def test_ctrl_c_checkpoints_and_the_rerun_resumes(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *job]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # As in a terminal: a shell starts background jobs (`cmd &`, as CI may run the suite) with SIGINT ignored,
-    # and Python keeps an ignored SIGINT ignored, so the launcher would never see the Ctrl-C.
-    launcher = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    launcher = start_in_foreground(argv)
     deadline = time.monotonic() + 120
     while not RunDir(run_dir).read_statuses().get(0, {}).get("step"):
         assert time.monotonic() < deadline and launcher.poll() is None, "the run never reported a step"

@@ -1,12 +1,11 @@
 """A user's own torchrun loop under hpc_train: stop together on a signal, resume from its own save, end exact.
 
-Real local runs of tests/scripts/preemptible_loop.py on 2 ranks (the Slurm requeue of the same scripts is in
-tests/integration/test_preemption_slurm.py).
+Real local runs of tests/scripts/preemptible_loop.py on 2 ranks. The Slurm requeue of the same script, with
+should_stop and with no integration at all, is in tests/integration/test_script_slurm.py.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO
+from ..conftest import REPO, start_in_foreground
 
 LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
 
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def command(run_dir: Path, out: Path, *extra: str) -> list[str]:
-    args = ",".join(["--out", str(out), *extra])
+    args = ",".join(["--out", str(out), "--steps", "120", *extra])
     return [
         sys.executable,
         "-m",
@@ -40,20 +39,12 @@ def command(run_dir: Path, out: Path, *extra: str) -> list[str]:
 def interrupted(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """Start the run, Ctrl-C the launcher once the loop has made a few steps, wait for it to end."""
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    launcher = subprocess.Popen(
-        command(run_dir, out, *extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see test_preemption's Ctrl-C test
-    )
+    launcher = start_in_foreground(command(run_dir, out, *extra))
     deadline = time.monotonic() + 120
     while not (out / "starts.txt").exists():
         assert time.monotonic() < deadline and launcher.poll() is None, "the loop never started"
         time.sleep(0.1)
-    time.sleep(2.0)  # some 60 steps of 0.03 s
+    time.sleep(1.5)  # some 50 steps of 0.03 s
     launcher.send_signal(signal.SIGINT)
     out_text, err = launcher.communicate(timeout=120)
     return subprocess.CompletedProcess(launcher.args, launcher.returncode, out_text, err)
@@ -68,22 +59,19 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "out" / "final.pt"
 
 
-@pytest.mark.parametrize("integration", [True, False], ids=["should_stop", "no-integration"])
-def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Path, integration: bool) -> None:
-    extra = [] if integration else ["--no-integration"]
+def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Path) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "out"
-    stopped = interrupted(run_dir, out, *extra)
+    stopped = interrupted(run_dir, out)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     statuses = RunDir(run_dir).read_statuses()
     assert {s["state"] for s in statuses.values()} == {"stopped"}, statuses
-    if integration:
-        # Both ranks agreed on one step, saved there and said so; that is where the rerun starts.
-        progress = [RunDir(run_dir).read_script_progress(rank) for rank in (0, 1)]
-        assert {p["stopped"] for p in progress} == {True} and len({p["step"] for p in progress}) == 1, progress
-        saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
-        assert saved == progress[0]["step"] and 0 < saved < 200
+    # Both ranks agreed on one step, saved there and said so; that is where the rerun starts.
+    progress = [RunDir(run_dir).read_script_progress(rank) for rank in (0, 1)]
+    assert {p["stop_agreed"] for p in progress} == {True} and len({p["step"] for p in progress}) == 1, progress
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    assert saved == progress[0]["step"] and 0 < saved < 120
 
-    resumed = subprocess.run(command(run_dir, out, *extra), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command(run_dir, out), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     starts = [int(s) for s in (out / "starts.txt").read_text().split()]
     assert starts[0] == 0 and starts[1] > 0, starts
