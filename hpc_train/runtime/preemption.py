@@ -28,7 +28,7 @@ from typing import Any
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.stopping import StopSignals
 
-__all__ = ["restart_count", "should_stop", "stop_signal"]
+__all__ = ["reclaim_signals", "restart_count", "should_stop", "stop_signal", "wait_for_all"]
 
 _DEFAULT_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
@@ -60,18 +60,36 @@ def should_stop(step: int | None = None) -> bool:
     script initialised, so every rank must call it, the same number of times.
 
     ``step`` (the optimizer steps done so far) lets hpc_train tell an attempt that made progress from one that
-    did not, for ``cluster.max_stalled_restarts``; without it the requeue limit still counts restarts.
+    did not, for ``cluster.max_stalled_restarts``; without it the requeue limit still counts restarts. Once
+    True it stays True without another collective; a caller that saves at a later step than the one it was
+    first told at (the Lightning callback, at an epoch's end) calls it again with that step.
     """
     global _agreed, _first_step
     if step is not None and _first_step is None:
         _first_step = step
         _report(step, stopped=False)
-    if _agreed:
+    if _agreed:  # a later call (a stop deferred to a later step) reports the step it stops at
+        if step is not None:
+            _report(step, stopped=True)
         return True
     _agreed = _signals.agree(_group()) if _initialized() else _signals.received
     if _agreed and step is not None:
         _report(step, stopped=True)
     return bool(_agreed)
+
+
+def reclaim_signals() -> None:
+    """Put the flag-only handlers back, for frameworks that install their own over them (Lightning does, at
+    the start of every fit, with a SIGTERM handler that runs a collective inside the handler)."""
+    _signals.install()
+
+
+def wait_for_all() -> None:
+    """A barrier over the control group (bounded by the process group's timeout); nothing without a group."""
+    if _initialized():
+        import torch.distributed as dist
+
+        dist.barrier(group=_group())
 
 
 def _initialized() -> bool:

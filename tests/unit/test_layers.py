@@ -19,6 +19,8 @@ ALLOWED = {
     "dist": {"core"},
     "train": {"core", "config", "dist"},
     "runtime": {"core", "config", "dist", "train"},
+    # Callbacks for third-party trainers, imported by the user's script; nothing of ours imports them.
+    "integrations": {"core", "config", "dist", "train", "runtime"},
     # Launchers start ranks; the ranks build the trainer. So launch stays clear of train (and of torch).
     "launch": {"core", "config", "dist", "runtime"},
     "tools": {"core", "config", "dist", "train", "runtime", "launch"},
@@ -34,7 +36,7 @@ def layer_of(module: str) -> str:
     assert parts[0] == "hpc_train", module
     if len(parts) == 1:
         return "entry"  # the package itself
-    if parts[1] in ("core", "dist", "train", "runtime", "launch", "tools"):
+    if parts[1] in ("core", "dist", "train", "runtime", "integrations", "launch", "tools"):
         return parts[1]
     if parts[1] in ("config", "conf"):
         return "config"

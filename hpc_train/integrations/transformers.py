@@ -1,0 +1,101 @@
+"""Preemption for the Hugging Face ``Trainer``: ``PreemptionCallback`` and ``last_checkpoint``.
+
+    from hpc_train.integrations.transformers import PreemptionCallback, last_checkpoint
+
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[PreemptionCallback()])
+    trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
+
+On a stop signal (``cluster.signal``, SIGTERM, SIGINT) every rank agrees at the next optimizer step; the Trainer
+then writes its own complete checkpoint (``checkpoint-<step>``: model, optimizer, scheduler, every rank's RNG
+state, trainer state), whatever ``save_strategy`` says (``"no"`` included), and training stops. The callback
+marks the checkpoint complete once every rank has written its part, and ends the script with status 0 at the
+end of ``train()``, before the code after it runs (a final save or a push to the Hub would save a model that
+is not final): hpc_train requeues the job and the relaunched script resumes at the agreed step.
+
+What the stop skips, by design: an evaluation due at that step (it would delay the checkpoint past the grace
+period Slurm gives) and the epoch-end save and evaluation of a stopped epoch. What it cannot restore: the
+Trainer logs ``train_loss`` as the mean over the steps of the last attempt only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpc_train.integrations import newest
+from hpc_train.runtime import preemption
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as exc:  # pragma: no cover - depends on the user's environment
+    raise ImportError(
+        "hpc_train.integrations.transformers needs transformers and accelerate: pip install 'hpc-train[transformers]'"
+    ) from exc
+
+__all__ = ["COMPLETE", "PreemptionCallback", "last_checkpoint"]
+
+COMPLETE = "hpc_train_complete"
+"""Written into a checkpoint folder once every rank has saved its part of it."""
+
+
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest complete ``checkpoint-<step>`` under ``output_dir``, or None (start from scratch).
+
+    Complete: marked by the callback once every rank had saved; a folder without the mark (written by a run
+    without the callback) counts when it has the Trainer's own last file, ``trainer_state.json``, and no
+    folder has a mark.
+    """
+    pattern = rf"{PREFIX_CHECKPOINT_DIR}-(\d+)"
+    return newest(output_dir, pattern, COMPLETE) or newest(output_dir, pattern, "trainer_state.json")
+
+
+class PreemptionCallback(TrainerCallback):
+    """Stop together on preemption, checkpoint, and exit so that hpc_train requeues the job.
+
+    ``exit_after_stop=False`` lets ``train()`` return instead (``hpc_train.preemption.stop_signal()`` is then
+    non-zero); the script must then return without training further, and exit 0.
+    """
+
+    def __init__(self, exit_after_stop: bool = True) -> None:
+        self.exit_after_stop = exit_after_stop
+        self.stopped = False
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self.stopped or not preemption.should_stop(state.global_step):
+            return control
+        self.stopped = True
+        # A complete checkpoint whatever the user chose: optimizer, scheduler and RNG states included.
+        args.save_only_model = False
+        control.should_save = True
+        control.should_evaluate = False
+        control.should_training_stop = True
+        return control
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        # Every rank has written its files (each writes its own RNG state) once all are past the barrier.
+        preemption.wait_for_all()
+        folder = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            (folder / COMPLETE).write_text(f"{state.global_step}\n")
+        return control
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self.stopped:  # the checkpoint of this step is written: no second save, no evaluation
+            control.should_save = False
+            control.should_evaluate = False
+        return control
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self.stopped and self.exit_after_stop:
+            raise SystemExit(0)
+        return control
