@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-scripts/setup.sh
+scripts/setup.sh --test
 .venv/bin/ruff check hpc_train hydra_plugins tests benchmarks
 .venv/bin/ruff format --check hpc_train hydra_plugins tests benchmarks
 .venv/bin/mypy
@@ -23,5 +23,5 @@ fi
 stop_testbed() { [ "$started_testbed" = 1 ] && slurm/testbed.sh stop || true; }
 trap stop_testbed EXIT
 
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=25 "$@"
 echo "test: finished in $((SECONDS - t0))s"

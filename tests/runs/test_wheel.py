@@ -51,6 +51,14 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HPC_TRAIN_CONFIG_PATH")}
 
 
+def test_installed_integrations_name_their_extra(venv: Path, tmp_path: Path) -> None:
+    """The callbacks ship in the wheel; without their framework (not a dependency) they say what to install."""
+    for framework in ("transformers", "lightning"):
+        argv = [venv / "bin" / "python", "-c", f"import hpc_train.integrations.{framework}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=clean_env(), timeout=120)
+        assert proc.returncode == 1 and f"pip install 'hpc-train[{framework}]'" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_installed_package_is_not_the_checkout(venv: Path, tmp_path: Path) -> None:
     where = sh(
         venv / "bin" / "python", "-c", "import hpc_train.conf as c; print(c.__file__)", cwd=tmp_path, env=clean_env()

@@ -1,0 +1,94 @@
+"""A Hugging Face Trainer script made preemption-safe by hpc_train's callback (the README's example, runnable).
+
+    python -m hpc_train script.path=hf_trainer.py 'script.args=[--out,DIR]'
+
+A small regression model on random data, several epochs, shuffled by the Trainer's sampler; the model
+returns its loss as any transformers model does. On rank 0 it records each attempt's first step
+(``starts.txt``), the step reached (``step.txt``, for tests that signal mid-run) and, once it has trained
+``--steps`` steps, the weights (``final.pt``).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+from hpc_train.integrations.transformers import PreemptionCallback, last_checkpoint
+
+
+class Regression(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.mse_loss(self.net(x).squeeze(-1), labels)}
+
+
+class Samples(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        generator = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 8, generator=generator)
+        self.y = self.x.sum(-1) + 0.1 * torch.randn(n, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Progress(TrainerCallback):
+    """Test instrumentation: paces the steps and tells the test where the run is."""
+
+    def __init__(self, out: str, sleep: float) -> None:
+        self.out, self.sleep, self.started = out, sleep, False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and not self.started:
+            with open(os.path.join(self.out, "starts.txt"), "a") as f:
+                f.write(f"{state.global_step}\n")
+        self.started = True
+        time.sleep(self.sleep)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            with open(os.path.join(self.out, "step.txt"), "w") as f:
+                f.write(f"{state.global_step}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sleep", type=float, default=0.05)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    set_seed(0)  # before the model is built: its initial weights come from this seed
+    training = TrainingArguments(
+        output_dir=os.path.join(args.out, "checkpoints"),
+        max_steps=args.steps,
+        per_device_train_batch_size=8,
+        learning_rate=0.01,
+        save_strategy="no",  # the callback still checkpoints on preemption
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=Regression(),
+        args=training,
+        train_dataset=Samples(256),
+        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep)],
+    )
+    trainer.train(resume_from_checkpoint=last_checkpoint(training.output_dir))
+    if trainer.is_world_process_zero():
+        torch.save(trainer.model.state_dict(), os.path.join(args.out, "final.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""A Lightning script made preemption-safe by hpc_train's callback (the README's example, runnable).
+
+    python -m hpc_train script.path=lightning_script.py 'script.args=[--out,DIR]'
+
+A small regression model on random data, several epochs, shuffled by a seeded DistributedSampler and served
+by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next batch. On rank 0 it
+records each attempt's first step (``starts.txt``), the step reached (``step.txt``, for tests that signal
+mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at`` makes the
+first attempt send itself the preemption signal at a given step, for tests that need the stop at one place.
+"""
+
+import argparse
+import os
+import signal
+import time
+
+import lightning.pytorch as pl
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from hpc_train import preemption
+from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint
+
+
+class Regression(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        generator = torch.Generator().manual_seed(1)
+        x = torch.randn(256, 8, generator=generator)
+        y = x.sum(-1) + 0.1 * torch.randn(256, generator=generator)
+        data = torch.utils.data.TensorDataset(x, y)
+        # Shuffled by a seeded sampler: the order of an epoch is a function of (seed, epoch), so a resumed run
+        # draws the same one. (shuffle=True would draw it from the global RNG, which Lightning does not save.)
+        sampler = torch.utils.data.DistributedSampler(data, shuffle=True, seed=0)
+        # On a resume, Lightning builds the loader's iterator before it sets the sampler's epoch: set it here.
+        sampler.set_epoch(self.trainer.current_epoch)
+        return StatefulDataLoader(data, batch_size=8, sampler=sampler)
+
+
+class Progress(pl.Callback):
+    """Test instrumentation: paces the steps and tells the test where the run is."""
+
+    def __init__(self, out: str, sleep: float, signal_at: int) -> None:
+        self.out, self.sleep, self.started, self.signal_at = out, sleep, False, signal_at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.is_global_zero and not self.started:
+            with open(os.path.join(self.out, "starts.txt"), "a") as f:
+                f.write(f"{trainer.global_step}\n")
+        self.started = True
+        time.sleep(self.sleep)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.signal_at and preemption.restart_count() == 0:
+            os.kill(os.getpid(), signal.SIGUSR2)  # as Slurm would, on every rank
+        if trainer.is_global_zero:
+            with open(os.path.join(self.out, "step.txt"), "w") as f:
+                f.write(f"{trainer.global_step}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sleep", type=float, default=0.05)
+    parser.add_argument("--signal-at", type=int, default=-1, help="the first attempt signals itself at this step")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    pl.seed_everything(0)
+    world, per_node = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=per_node,
+        num_nodes=world // per_node,
+        strategy="ddp",
+        use_distributed_sampler=False,  # the loader brings its own DistributedSampler
+        max_steps=args.steps,
+        default_root_dir=args.out,  # where the callback's hpc_ckpt_<step>.ckpt files go: this run's own folder
+        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.signal_at)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = Regression()
+    trainer.fit(model, ckpt_path=last_checkpoint(args.out))
+    if trainer.is_global_zero:
+        torch.save(model.state_dict(), os.path.join(args.out, "final.pt"))
+
+
+if __name__ == "__main__":
+    main()
