@@ -7,8 +7,8 @@
 
 On a stop signal (``cluster.signal``, SIGTERM, SIGINT) every rank agrees at the next optimizer step; the
 callback has Lightning write a complete checkpoint, ``hpc_ckpt_<step>.ckpt`` in ``default_root_dir`` (written
-under a temporary name and renamed once every rank is done, so a half-written file is never picked), stops
-training, and ends the script with status 0 at the end of ``fit()``: hpc_train requeues the job. Lightning's
+under a temporary name and renamed once Lightning's save, a collective, has returned, so a half-written file
+is never picked), stops training, and ends the script with status 0 at the end of ``fit()``: hpc_train requeues the job. Lightning's
 own SLURM resume also finds ``hpc_ckpt_*`` files, so under Slurm even ``ckpt_path=None`` resumes; local runs
 need the ``last_checkpoint`` line. Use a ``default_root_dir`` of this run only.
 
@@ -99,10 +99,9 @@ class PreemptionCallback(pl.Callback):
     def _save(trainer: pl.Trainer, step: int) -> None:
         final = checkpoint_path(trainer.default_root_dir, step)
         partial = final.with_name(f".hpc_train_saving_{step}")
-        trainer.save_checkpoint(partial)  # collective; every rank is past it once it returns
+        trainer.save_checkpoint(partial)  # collective, ending in a barrier: the file is whole when it returns
         if trainer.is_global_zero:
             os.replace(partial, final)
-        preemption.wait_for_all()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.stopped and self.exit_after_stop:
