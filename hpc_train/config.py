@@ -158,6 +158,9 @@ _SLURM_ONLY = (
     "signal_lead_s",
     "max_restarts",
     "max_stalled_restarts",
+    "spare_nodes",
+    "max_failures",
+    "max_stalled_failures",
 )
 """Keys only a Slurm job uses: set on a local or debug run, they are ignored with a warning."""
 
@@ -231,6 +234,15 @@ class ClusterConfig(_Checked):
     """After the preemption signal the job checkpoints and requeues itself, at most this many times."""
     max_stalled_restarts: int = 2
     """Requeues in a row that may end without a new step; one more and requeueing stops with an error."""
+    spare_nodes: int = 0
+    """Spare nodes: the job asks Slurm for nodes + spare_nodes and trains on `nodes` of them. A node blamed for a
+    failure (a rank on it killed, the node lost, a frozen rank) is left out of the next attempt."""
+    max_failures: int = 5
+    """In-allocation restarts: after a failure worth retrying (a rank killed, a node lost, a collective error,
+    a hang), the job starts training again in the same allocation, from the newest checkpoint, at most this
+    many times per job (0: a failure ends the job)."""
+    max_stalled_failures: int = 1
+    """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
 
     def __post_init__(self) -> None:
         self._one_of("launcher", LAUNCHERS)
@@ -302,7 +314,15 @@ class ClusterConfig(_Checked):
             "must be at least 0 and shorter than the time limit",
             "e.g. cluster.signal_lead_s=90",
         )
-        for key in ("srun_wait_s", "array_parallelism", "max_restarts", "max_stalled_restarts"):
+        for key in (
+            "srun_wait_s",
+            "array_parallelism",
+            "max_restarts",
+            "max_stalled_restarts",
+            "spare_nodes",
+            "max_failures",
+            "max_stalled_failures",
+        ):
             self._require(getattr(self, key) >= 0, key, "must be 0 or more", f"e.g. cluster.{key}=0")
         for flag in self.sbatch_args:
             managed = MANAGED_SBATCH_FLAGS.get(flag)
@@ -345,6 +365,11 @@ class ClusterConfig(_Checked):
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes asked of Slurm: those that train and the spares."""
+        return self.nodes + self.spare_nodes
 
 
 @dataclass

@@ -10,7 +10,8 @@
 # Each node is a network namespace with its own hostname (node1, node2, ...) and address (10.77.0.11, ...) on a
 # bridge; the controller and slurmdbd run in the root namespace at 10.77.0.1. Two partitions of different node
 # sizes: debug (the default: node1..nodeN, CPU only) and gpu (the next GPU_NODES nodes, each with more CPUs and
-# memory and 2 fake GPUs declared as GRES, gpu:tesla:2, so --gpus-per-node sets CUDA_VISIBLE_DEVICES). Everything the testbed writes
+# memory and 2 fake GPUs declared as GRES, gpu:tesla:2, so --gpus-per-node sets CUDA_VISIBLE_DEVICES), and a
+# third, all, of every node (3 by default: room for 2 training nodes and a spare). Everything the testbed writes
 # lives under $HPC_TESTBED_DIR (default /var/lib/hpc-train-testbed), plus /etc/slurm/slurm.conf (which it only
 # writes when absent or its own) and tagged lines in /etc/hosts. Needs root. See slurm/README.md.
 set -euo pipefail
@@ -118,14 +119,17 @@ write_configs() {
         echo "AccountingStorageHost=localhost"
         echo "GresTypes=gpu"
         for i in $(seq 1 "$NODES"); do
-            echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
+            echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$CPUS RealMemory=$MEM_MB Weight=1 State=UNKNOWN"
         done
         for i in $(seq $((NODES + 1)) "$TOTAL"); do
-            echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$GPU_CPUS RealMemory=$GPU_MEM_MB Gres=gpu:tesla:$GPUS State=UNKNOWN"
+            echo "NodeName=node$i NodeAddr=$SUBNET.$((10 + i)) CPUs=$GPU_CPUS RealMemory=$GPU_MEM_MB Gres=gpu:tesla:$GPUS Weight=10 State=UNKNOWN"
         done
         echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
         if [ "$GPU_NODES" -gt 0 ]; then
             echo "PartitionName=gpu Nodes=node[$((NODES + 1))-$TOTAL] MaxTime=$GPU_MAX_TIME State=UP"
+            # Every node: a job of 2 nodes + 1 spare (cluster.spare_nodes=1). Weights make Slurm fill the CPU
+            # nodes first, so a 2-node job without spares lands on node1 and node2.
+            echo "PartitionName=all Nodes=node[1-$TOTAL] MaxTime=INFINITE State=UP"
         fi
     } >"$CONF"
     {

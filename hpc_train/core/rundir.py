@@ -13,8 +13,13 @@ scripts and later tools find a run's outputs by them, and every module here reac
     logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
     status/restarts.json       one entry per attempt that stopped on a signal
+    status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
+    status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
+    status/goodput.json        the goodput ledger: allocated time, productive time, time lost, ettr
+    status/bad_nodes.json      the nodes blamed for a failure, left out of later attempts when spares allow
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
-    status/progress_<r>.json   the steps a user's script reported through hpc_train.preemption
+    status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
+                               through hpc_train.preemption)
     submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log
     profile/, tensorboard/, plots/
 """
@@ -34,12 +39,19 @@ from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomi
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
 from hpc_train.core.state import RankState
 
-__all__ = ["BATCH_EXIT", "JOB_RECORD", "RunDir", "atomic_write", "read_json", "write_json_atomic"]
+__all__ = ["ATTEMPT_VARIABLE", "BATCH_EXIT", "JOB_RECORD", "RunDir", "atomic_write", "read_json", "write_json_atomic"]
 
 JOB_RECORD = "job.json"
 BATCH_EXIT = "status/batch_exit.json"
 """Relative to the run dir: the sbatch script writes it from the shell."""
 _CHECKPOINT_GLOB = "step_*.pt"
+ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
+"""The attempt number the supervisor (or a worker, for a user's script) hands on."""
+
+
+def _read_list(path: Path) -> list[dict[str, Any]]:
+    records = read_json(path)
+    return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
 @dataclass(frozen=True)
@@ -185,10 +197,57 @@ class RunDir:
 
     @staticmethod
     def attempt(launched: int = 0, environ: Mapping[str, str] | None = None) -> int:
-        """Which attempt a rank belongs to: Slurm's SLURM_RESTART_COUNT in a requeued job, else the number its
-        launcher handed it (``next_attempt``). It names the rank logs and counts against cluster.max_restarts."""
+        """Which attempt a rank belongs to: the number the Slurm supervisor gave the training step
+        (HPC_TRAIN_ATTEMPT, counting requeues and in-allocation restarts), else Slurm's SLURM_RESTART_COUNT,
+        else the number its launcher handed it (``next_attempt``). It names the rank logs."""
         environ = os.environ if environ is None else environ
-        return int(environ.get("SLURM_RESTART_COUNT") or launched)
+        return int(environ.get(ATTEMPT_VARIABLE) or environ.get("SLURM_RESTART_COUNT") or launched)
+
+    @property
+    def attempts(self) -> Path:
+        """One entry per training step the Slurm supervisor ran, whatever it came to."""
+        return self.status_dir / "attempts.json"
+
+    def read_attempts(self) -> list[dict[str, Any]]:
+        return _read_list(self.attempts)
+
+    def append_attempt(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+        history = [*self.read_attempts(), entry]
+        write_json_atomic(self.attempts, history)
+        return history
+
+    @property
+    def allocations(self) -> Path:
+        """Each Slurm allocation the run held: job id, start and (once it ended) end."""
+        return self.status_dir / "allocations.json"
+
+    def read_allocations(self) -> list[dict[str, Any]]:
+        return _read_list(self.allocations)
+
+    def write_allocations(self, allocations: list[dict[str, Any]]) -> None:
+        write_json_atomic(self.allocations, allocations)
+
+    @property
+    def bad_nodes(self) -> Path:
+        """The nodes blamed for a failure, with why."""
+        return self.status_dir / "bad_nodes.json"
+
+    def read_bad_nodes(self) -> list[dict[str, Any]]:
+        return _read_list(self.bad_nodes)
+
+    def add_bad_node(self, host: str, why: str, attempt: int) -> None:
+        entries = self.read_bad_nodes()
+        if host not in {e.get("host") for e in entries}:
+            write_json_atomic(self.bad_nodes, [*entries, {"host": host, "why": why, "attempt": attempt}])
+
+    @property
+    def goodput(self) -> Path:
+        """The goodput ledger (``hpc_train.core.goodput``)."""
+        return self.status_dir / "goodput.json"
+
+    def read_goodput(self) -> dict[str, Any]:
+        record = read_json(self.goodput)
+        return record if isinstance(record, dict) else {}
 
     @property
     def restarts(self) -> Path:
@@ -196,8 +255,7 @@ class RunDir:
         return self.status_dir / "restarts.json"
 
     def read_restarts(self) -> list[dict[str, Any]]:
-        history = read_json(self.restarts)
-        return history if isinstance(history, list) else []
+        return _read_list(self.restarts)
 
     def append_restart(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         """Add an attempt to ``status/restarts.json``; returns the whole history."""
@@ -214,16 +272,18 @@ class RunDir:
     def status_path(self, rank: int) -> Path:
         return self.status_dir / f"rank_{rank}.json"
 
-    def script_progress(self, rank: int) -> Path:
-        """The steps a user's script reported (``hpc_train.preemption.should_stop(step)``) in this attempt."""
+    def progress(self, rank: int) -> Path:
+        """The steps this attempt made, with the times of its first and latest (and, from the trainer, of its
+        latest checkpoint): written by the trainer's rank 0, or by a user's script through
+        ``hpc_train.preemption.should_stop(step)``."""
         return self.status_dir / f"progress_{rank}.json"
 
-    def read_script_progress(self, rank: int) -> dict[str, Any]:
-        record = read_json(self.script_progress(rank))
+    def read_progress(self, rank: int) -> dict[str, Any]:
+        record = read_json(self.progress(rank))
         return record if isinstance(record, dict) else {}
 
-    def write_script_progress(self, rank: int, record: dict[str, Any]) -> None:
-        write_json_atomic(self.script_progress(rank), record, durable=False)
+    def write_progress(self, rank: int, record: dict[str, Any]) -> None:
+        write_json_atomic(self.progress(rank), record, durable=False)
 
     @property
     def batch_exit(self) -> Path:
@@ -249,14 +309,18 @@ class RunDir:
     def write_failure(self, rank: int, error: str | BaseException, detail: str | None = None) -> None:
         """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback: the
         exception's, or its ``detail`` when it carries one (a user script's own stderr)."""
+        extra: dict[str, Any] = {}
         if isinstance(error, BaseException):
+            failed_step = getattr(error, "hpc_train_step", None)  # the trainer's step when it raised
+            if isinstance(failed_step, int):
+                extra["failed_step"] = failed_step
             carried = getattr(error, "detail", None)
             if detail is None:
                 detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])
             error = f"{type(error).__name__}: {error}"
         status = read_json(self.status_path(rank))
         step = int(status.get("step", 0)) if isinstance(status, dict) else 0
-        self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step)
+        self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step, **extra)
 
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a

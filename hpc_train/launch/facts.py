@@ -218,7 +218,15 @@ def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
     if part is None:
         return
     where = f"partition {part.name}" + (" (the default)" if not cluster.partition else "")
-    if cluster.nodes > part.nodes:
+    if cluster.allocated_nodes > part.nodes:
+        if cluster.spare_nodes:
+            raise _refuse(
+                "spare_nodes",
+                cluster.spare_nodes,
+                f"{cluster.nodes} nodes + {cluster.spare_nodes} spare = {cluster.allocated_nodes}, but {where} has "
+                f"{part.nodes} nodes",
+                f"set cluster.spare_nodes={max(part.nodes - cluster.nodes, 0)} or fewer, or pick a larger partition",
+            )
         raise _refuse(
             "nodes", cluster.nodes, f"{where} has {part.nodes} nodes", f"set cluster.nodes={part.nodes} or fewer"
         )

@@ -19,6 +19,7 @@ from hpc_train.config import ClusterConfig
 from hpc_train.core.rundir import BATCH_EXIT
 from hpc_train.core.textutil import format_table
 from hpc_train.dist import resolve_environment
+from hpc_train.runtime.commands import SUPERVISOR, WORKER, srun_argv
 
 __all__ = [
     "JobSpec",
@@ -31,14 +32,13 @@ __all__ = [
     "srun_argv",
 ]
 
-WORKER = "hpc_train.worker"
 EXAMPLE_JOB_ID = 12345
 
 
 def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
     """The resource flags of one job (or of each array element); None marks a flag without a value."""
     flags: dict[str, str | None] = {
-        "nodes": str(cluster.nodes),
+        "nodes": str(cluster.allocated_nodes),  # training nodes and spares: the supervisor picks among them
         "ntasks-per-node": str(cluster.tasks_per_node),
         "cpus-per-task": str(cluster.cpus_per_task),
         "time": str(math.ceil(cluster.timeout_min)),
@@ -60,11 +60,6 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
     return flags
 
 
-def srun_argv(cluster: ClusterConfig) -> list[str]:
-    """srun and its options: one dead task ends the step, the others get ``srun_wait_s`` after the first exit."""
-    return ["srun", "--kill-on-bad-exit=1", f"--wait={cluster.srun_wait_s}", "--unbuffered", *cluster.srun_args]
-
-
 def setup_lines(cluster: ClusterConfig) -> list[str]:
     """The setup lines exactly as the user wrote them: shell code from their own config, like submitit's
     ``setup`` and NeMo-Run's ``setup_lines`` (``source $HOME/venv/bin/activate``, ``module load a && module
@@ -79,7 +74,6 @@ class JobSpec:
 
     flags: dict[str, str | None]
     setup: list[str]
-    srun: list[str]
     python: str
     run_dirs: list[Path]
     output: str
@@ -98,7 +92,6 @@ def job_spec(cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, py
     return JobSpec(
         flags=sbatch_flags(cluster),
         setup=setup_lines(cluster),
-        srun=srun_argv(cluster),
         python=python or cluster.python or sys.executable,
         run_dirs=[Path(d) for d in run_dirs],
         output=str(log_dir / name),
@@ -137,24 +130,26 @@ def render_sbatch(spec: JobSpec) -> str:
         # Before `set -u`: conda's and Lmod's shell functions read variables that may be unset.
         lines += ["# cluster.setup, as written (shell)", *spec.setup]
     lines.append("set -u")
-    command = shlex.join([*spec.srun, spec.python, "-u", "-m", WORKER, "--run-dir"]) + ' "$RUN_DIR"'
+    command = shlex.join([spec.python, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
     lines += [
         "",
         "# ---- command ----",
+        f"# The supervisor runs the training step (srun ... python -m {WORKER}) on the healthy nodes, and starts",
+        "# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).",
         f"# Slurm sends SIG{spec.signal} to the ranks before the time limit; `scancel --full` would also send it",
-        "# here, where bash would die of it and lose srun's exit code. So this shell only notes it and keeps waiting.",
+        "# here, where bash would die of it and lose the exit status. So this shell only notes it and keeps waiting.",
         f"trap 'echo \"hpc_train: batch shell got SIG{spec.signal}; the ranks handle it\" >&2' {spec.signal}",
         f"{command} &",
-        "srun_pid=$!",
-        'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done',
-        'wait "$srun_pid"',
+        "supervisor_pid=$!",
+        'while kill -0 "$supervisor_pid" 2>/dev/null; do wait "$supervisor_pid"; done',
+        'wait "$supervisor_pid"',
         "rc=$?",
         "",
         "# ---- teardown ----",
         f'mkdir -p "$RUN_DIR/{Path(BATCH_EXIT).parent}"',
         'printf \'{"job_id": "%s", "exit_code": %d, "end": %d}\\n\' "$SLURM_JOB_ID" "$rc" "$(date +%s)" '
         f'> "$RUN_DIR/{BATCH_EXIT}"',
-        'echo "hpc_train: srun exited with status $rc"',
+        'echo "hpc_train: the supervisor exited with status $rc"',
         'exit "$rc"',
         "",
     ]

@@ -1,7 +1,9 @@
 """``cluster=slurm``: submit one job (or one array for a sweep) and return, or follow it with ``cluster.wait``.
 
 Two ways to submit, same resources: ``cluster.submit=submitit`` (submitit's SlurmExecutor pickles a call of
-``hpc_train.worker.run``) and ``cluster.submit=sbatch`` (the standalone script in the run dir, ``sbatch``-ed).
+``hpc_train.supervisor.run``) and ``cluster.submit=sbatch`` (the standalone script in the run dir, ``sbatch``-ed).
+Either way the job's batch step runs the supervisor, which runs the training step with srun and restarts it in
+the allocation after a failure.
 Either way the generated script is checked with ``sbatch --test-only`` first where sbatch exists, so a wrong
 partition or an impossible request fails here, before anything is queued.
 """
@@ -29,7 +31,6 @@ from hpc_train.launch.sbatch import (
     job_spec,
     render_sbatch,
     setup_lines,
-    srun_argv,
 )
 from hpc_train.launch.state import job_state
 
@@ -146,14 +147,14 @@ def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
 def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log_dir: Path) -> tuple[str, list[str]]:
     import submitit
 
-    from hpc_train.runtime import worker
+    from hpc_train.runtime import supervisor
 
     cluster = cfg.cluster
     folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / run_dirs[0].submitit.name
     executor = submitit.SlurmExecutor(folder=folder, python=spec.python, max_num_timeout=0)
     flags = dict(spec.flags)
     params: dict[str, Any] = {
-        "nodes": cluster.nodes,
+        "nodes": cluster.allocated_nodes,
         "ntasks_per_node": cluster.tasks_per_node,
         "cpus_per_task": cluster.cpus_per_task,
         "time": int(flags.pop("time") or 1),
@@ -164,7 +165,8 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
             shlex.join(["trap", f"echo 'hpc_train: batch shell got SIG{spec.signal}' >&2", spec.signal]),
             *setup_lines(cluster),
         ],
-        "srun_args": srun_argv(cluster)[1:],
+        # The batch step runs the supervisor, which runs the training steps with srun (and again after a failure).
+        "use_srun": False,
         "array_parallelism": cluster.array_parallelism or len(run_dirs),
     }
     for key in ("nodes", "ntasks-per-node", "cpus-per-task", "job-name"):
@@ -174,9 +176,9 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
     executor.update_parameters(**params)
     try:
         if len(run_dirs) == 1:
-            jobs = [executor.submit(worker.run, str(run_dirs[0].path))]
+            jobs = [executor.submit(supervisor.run, str(run_dirs[0].path))]
         else:
-            jobs = executor.map_array(worker.run, [str(rd.path) for rd in run_dirs])
+            jobs = executor.map_array(supervisor.run, [str(rd.path) for rd in run_dirs])
     except Exception as exc:
         raise LaunchError(f"submitit could not submit the job: {explain_slurm_refusal(str(exc))}") from exc
     array_id = jobs[0].job_id.split("_")[0]

@@ -16,7 +16,7 @@ from typing import Any
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks, never_started, rank_failures
 
-__all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "job_state", "sacct_state", "squeue_state"]
+__all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "attempts_note", "job_state", "sacct_state", "squeue_state"]
 
 # Slurm states of a job that has not ended yet.
 ACTIVE_STATES = frozenset(
@@ -101,6 +101,27 @@ def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
     return [str(f) for f in failures if not f.reported] + missing + [str(f) for f in failures if f.reported]
 
 
+def attempts_note(run_dir: RunDir) -> str:
+    """What the supervisor says about the attempts: the attempt running, the failures retried, and a fatal
+    failure or the limit that ended the job (empty for a run without a supervisor)."""
+    attempts = run_dir.read_attempts()
+    if not attempts:
+        return ""
+    last = attempts[-1]
+    number, outcome = last.get("attempt"), last.get("outcome")
+    failure = last.get("failure") or {}
+    failures = [a for a in attempts if a.get("failure")]
+    if outcome == "fatal":
+        return f"attempt {number}: fatal failure, not retried or requeued (exit 86): {failure.get('describe', '?')}"
+    if outcome == "gave_up":
+        return f"attempt {number}: gave up (exit 87): {last.get('message', '?')}; last failure: {failure.get('describe', '?')}"
+    retried = ""
+    if failures:
+        latest = failures[-1]["failure"]
+        retried = f" after {len(failures)} failure(s) retried in the allocation (last: {latest.get('describe', '?')})"
+    return f"attempt {number} {outcome}{retried}"
+
+
 def job_state(run_dir: RunDir, world_size: int) -> JobState:
     """Reconcile every source into one state for the run in ``run_dir``."""
     record = run_dir.read_job_record()
@@ -115,10 +136,14 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         return replace(base, state=state, done=done, ok=ok, detail=detail)
 
     if all_ranks(statuses, world_size, RankState.COMPLETED):
-        return verdict("COMPLETED", done=True, ok=True, detail="every rank completed")
+        note = attempts_note(run_dir) if len(run_dir.read_attempts()) > 1 else ""
+        return verdict(
+            "COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *[note][: bool(note)]])
+        )
     failures = _reported_failures(statuses)
+    note = attempts_note(run_dir)
     if squeue in ACTIVE_STATES:
-        detail = "; ".join(failures) if failures else ""
+        detail = "; ".join([note, *failures] if note else failures)
         return verdict(squeue, done=False, ok=False, detail=detail)
     if squeue == UNREACHABLE and sacct is None:
         detail = "; ".join(["squeue could not reach slurmctld and sacct gave nothing", *failures])
@@ -126,8 +151,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     scheduler = sacct if squeue in (None, UNREACHABLE) else squeue
     batch = run_dir.read_batch_exit()
     reasons = _reasons(statuses, world_size)
+    if note:
+        reasons.insert(0, note)
     if "exit_code" in batch:
-        reasons.append(f"srun exited with status {batch['exit_code']}")
+        reasons.append(f"the job script exited with status {batch['exit_code']}")
     if scheduler is not None:
         if scheduler == "COMPLETED":  # the scheduler saw a clean exit, but not every rank finished its work
             return verdict("FAILED", done=True, ok=False, detail="; ".join(["Slurm says COMPLETED", *reasons]))

@@ -8,7 +8,8 @@ kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), n
 itself), ``term`` / ``usr2`` / ``int`` (that signal to itself, as Slurm or Ctrl-C would send it), ``hang`` (sleeps
 inside the step, forever), ``freeze`` (SIGSTOP to itself: frozen, as a rank on a dead node), ``killsave`` (SIGKILL
 halfway through writing the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
-(init_process_group), ``step=N`` after the N-th optimizer step.
+(init_process_group), ``step=N`` after the N-th optimizer step. ``attempt=K`` arms it in attempt K only (the
+supervisor's restarts would otherwise meet it again).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpc_train.core.files import atomic_write
+from hpc_train.core.rundir import RunDir
 
 __all__ = ["VARIABLE", "Fault", "armed_fault", "fault_from_env"]
 
@@ -70,25 +72,28 @@ class Fault:
         return save_or_die
 
 
-def fault_from_env(value: str | None = None) -> Fault | None:
-    """The fault ``HPC_TRAIN_FAULT`` asks for, or None; ValueError when it does not parse."""
+def fault_from_env(value: str | None = None, attempt: int = 0) -> Fault | None:
+    """The fault ``HPC_TRAIN_FAULT`` asks for, or None; ValueError when it does not parse. With ``attempt=K``
+    in it, the fault is armed in attempt K only (``attempt`` is this one's number); without, in every attempt."""
     raw = os.environ.get(VARIABLE, "") if value is None else value
     if not raw:
         return None
     try:
         fields = dict(item.split("=", 1) for item in raw.split(","))
         fault = Fault(rank=int(fields["rank"]), step=int(fields["step"]), kind=fields.get("kind", "raise"))
+        only_in = int(fields["attempt"]) if "attempt" in fields else None
     except (KeyError, ValueError):
-        raise ValueError(f"{VARIABLE}={raw!r}: expected 'rank=R,step=S,kind={'|'.join(KINDS)}'") from None
+        raise ValueError(f"{VARIABLE}={raw!r}: expected 'rank=R,step=S,kind={'|'.join(KINDS)}[,attempt=A]'") from None
     if fault.kind not in KINDS:
         raise ValueError(f"{VARIABLE}={raw!r}: kind must be one of {', '.join(KINDS)}")
-    return fault
+    return fault if only_in is None or only_in == attempt else None
 
 
-def armed_fault(environ: Mapping[str, str] | None = None) -> Fault | None:
+def armed_fault(environ: Mapping[str, str] | None = None, attempt: int = 0) -> Fault | None:
     """``fault_from_env``, with a warning in every rank's log when a fault is armed: a variable left set in a
     shell would otherwise fail a real run with no hint why."""
-    fault = fault_from_env((os.environ if environ is None else environ).get(VARIABLE, ""))
+    environ = os.environ if environ is None else environ
+    fault = fault_from_env(environ.get(VARIABLE, ""), RunDir.attempt(attempt, environ))
     if fault is not None:
         log.warning(
             "%s is set: rank %d will fail on purpose (%s) at step %d. This is a testing aid; unset it for real runs",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,16 @@ _control: Any = None
 """The group the flag is reduced over: the default group if it is gloo, else a gloo group made once."""
 _agreed = 0
 _first_step: int | None = None
+_first_time = 0.0
+_reported_at = 0.0
+REPORT_EVERY_S = 1.0
+"""How often the latest step is written for the goodput ledger (each write is one small file rename)."""
 
 
 def restart_count() -> int:
-    """0 on the first attempt; k after the job was requeued (or resumed) k times."""
-    return int(os.environ.get("HPC_TRAIN_ATTEMPT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+    """0 on the first attempt; k after the job was restarted (requeued, resumed or restarted in its allocation)
+    k times."""
+    return RunDir.attempt()
 
 
 def stop_signal() -> int:
@@ -64,9 +70,11 @@ def should_stop(step: int | None = None) -> bool:
     True it stays True without another collective; a caller that saves at a later step than the one it was
     first told at (the Lightning callback, at an epoch's end) calls it again with that step.
     """
-    global _agreed, _first_step
+    global _agreed, _first_step, _first_time
     if step is not None and _first_step is None:
-        _first_step = step
+        _first_step, _first_time = step, time.time()
+        _report(step, stopped=False)
+    elif step is not None and time.monotonic() - _reported_at >= REPORT_EVERY_S:
         _report(step, stopped=False)
     if _agreed:  # a later call (a stop deferred to a later step) reports the step it stops at
         if step is not None:
@@ -110,8 +118,17 @@ def _group() -> Any:
 
 def _report(step: int, stopped: bool) -> None:
     """Tell the worker which steps this attempt covered (it reads them after the script exits)."""
+    global _reported_at
     run_dir, rank = os.environ.get("HPC_TRAIN_RUN_DIR"), os.environ.get("RANK")
     if not run_dir or rank is None:
         return
-    record = {"first_step": _first_step, "step": step, "stop_agreed": stopped, "attempt": restart_count()}
-    RunDir(Path(run_dir)).write_script_progress(int(rank), record)
+    _reported_at = time.monotonic()
+    record = {
+        "first_step": _first_step,
+        "first_time": _first_time,
+        "step": step,
+        "time": time.time(),
+        "stop_agreed": stopped,
+        "attempt": restart_count(),
+    }
+    RunDir(Path(run_dir)).write_progress(int(rank), record)

@@ -109,7 +109,8 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) ->
     if not env.is_main:
         return Outcome(RankState.STOPPED, step, extra)
     history = record_attempt(rd, attempt, fit.start_step, fit.step, fit.signal)
-    why_not = refusal(history, attempt, cfg.cluster)
+    # Requeues count against cluster.max_restarts; restarts inside an allocation have their own limit.
+    why_not = refusal(history, int(os.environ.get("SLURM_RESTART_COUNT") or 0), cfg.cluster)
     if why_not is not None:
         raise LaunchError(why_not)
     extra["requeued"] = target

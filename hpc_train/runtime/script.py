@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
 from hpc_train.core.errors import LaunchError
-from hpc_train.core.rundir import RunDir
+from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
 from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
 from hpc_train.runtime.outcome import Fit
@@ -83,7 +83,7 @@ def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str, att
         "MASTER_PORT": str(env.master_port),
         "OMP_NUM_THREADS": str(cluster.cpus_per_task),
         "HPC_TRAIN_RUN_DIR": run_dir,
-        "HPC_TRAIN_ATTEMPT": str(attempt),
+        ATTEMPT_VARIABLE: str(attempt),
         "HPC_TRAIN_STOP_SIGNALS": ",".join(str(int(s)) for s in stop),
     }
 
@@ -163,7 +163,7 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
     through ``hpc_train.preemption``, if it did); raises ScriptError when it failed.
     """
     rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
-    rd.script_progress(env.rank).unlink(missing_ok=True)
+    rd.progress(env.rank).unlink(missing_ok=True)
     what = cfg.script.path or cfg.script.module or cfg.script.command
     log.info(
         "running %s on rank %d with the torchrun environment (master %s:%d)",
@@ -174,7 +174,7 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
     )
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
     run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt)
-    progress = rd.read_script_progress(env.rank)
+    progress = rd.read_progress(env.rank)
     first, last = progress.get("first_step"), progress.get("step")
     start = None if first is None else int(first) - 1
     if run.stopped_by:
@@ -183,9 +183,12 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
     if run.code != 0:
         how = f"was killed by {signal.Signals(-run.code).name}" if run.code < 0 else f"exited with status {run.code}"
         last_line = next((line for line in reversed(run.stderr_tail.splitlines()) if line.strip()), "")
-        raise ScriptError(
+        error = ScriptError(
             f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else ""), run.stderr_tail
         )
+        if last is not None:
+            error.hpc_train_step = int(last)  # type: ignore[attr-defined]  # the last step the script reported
+        raise error
     return Fit(True, start or 0, int(last or 0), 0, {})
 
 

@@ -37,7 +37,7 @@ __all__ = ["main", "run"]
 
 def run(run_dir: str | Path, attempt: int = 0) -> None:
     """Train the job described by ``<run_dir>/config.yaml`` as this process's rank; ``attempt`` is the number
-    a local launcher gives a resumed run (on Slurm, SLURM_RESTART_COUNT counts instead)."""
+    a local launcher gives a resumed run (on Slurm, the supervisor's HPC_TRAIN_ATTEMPT counts instead)."""
     rd = RunDir(Path(run_dir))
     with Startup() as startup:
         env = resolve_environment()
@@ -73,12 +73,12 @@ def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup
     from hpc_train.dist import distributed
 
     device = startup.device(cfg, env)
-    fault = armed_fault()
+    fault = armed_fault(attempt=attempt)
     if fault is not None:
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
     with _guards(rd, env, cfg, attempt) as (stop, watchdog), distributed(env, device, *timeouts):
-        _publish_rank_table(rd, env, device)
+        _publish_rank_table(rd, env, device, attempt)
         rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
         return _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
 
@@ -107,16 +107,18 @@ def _guards(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Iterator[tup
             stop.restore()
 
 
-def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device) -> None:
-    """Every rank's host, device and rendezvous address: in rank 0's log and in the run dir."""
+def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int) -> None:
+    """Every rank's host, device and rendezvous address, with the attempt: in rank 0's log and in the run dir."""
     import logging
 
     from hpc_train.dist import format_rank_table, gather_rank_table
 
     rows = gather_rank_table(env, device)
     if env.is_main:
-        logging.getLogger("hpc_train").info("rank table (%d ranks):\n%s", len(rows), format_rank_table(rows))
-        rd.write_rank_table([row.as_dict() for row in rows])
+        logging.getLogger("hpc_train").info(
+            "rank table (attempt %d, %d ranks):\n%s", attempt, len(rows), format_rank_table(rows)
+        )
+        rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
 
 
 def _fit(
@@ -137,6 +139,9 @@ def _fit(
     try:
         result = trainer.fit()
         fit = Fit(result == COMPLETED, trainer.start_step, trainer.step, trainer.stopped_by, trainer.observer.memory())
+    except BaseException as exc:
+        exc.hpc_train_step = trainer.step  # type: ignore[attr-defined]  # "the same step" tells a repeated failure
+        raise
     finally:
         trainer.close()
         # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still holding

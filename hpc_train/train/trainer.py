@@ -52,6 +52,8 @@ COMPLETED = RankState.COMPLETED
 """fit() trained to the end (max_steps, max_epochs or early stopping)."""
 STOPPED = RankState.STOPPED
 """fit() stopped on a signal after every rank saved the same checkpoint."""
+PROGRESS_EVERY_S = 1.0
+"""How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
 
 Save = Callable[[Any, Path], None]
 
@@ -146,6 +148,9 @@ class Trainer:
         self.first_step_at = 0.0
         """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
         self._first_row_written = False
+        self._progress_at = 0.0
+        self._checkpointed: tuple[int, float] | None = None
+        """The step and time of this attempt's latest checkpoint."""
         self._resume()
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
@@ -182,6 +187,9 @@ class Trainer:
                 self.step_in_epoch += 1
                 if not self.first_step_at:
                     self.first_step_at = time.time()
+                    self._report_progress()
+                elif time.monotonic() - self._progress_at >= PROGRESS_EVERY_S:
+                    self._report_progress()
                 for hook in self._step_hooks:
                     hook(self.step)
                 early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
@@ -360,6 +368,21 @@ class Trainer:
 
     # ---- files ----------------------------------------------------------------------------------------------
 
+    def _report_progress(self) -> None:
+        """Rank 0's steps in this attempt, with their times, for the goodput ledger (status/progress_0.json)."""
+        self._progress_at = time.monotonic()
+        if not self.env.is_main:
+            return
+        record: dict[str, Any] = {
+            "first_step": self.start_step + 1,
+            "first_time": self.first_step_at,
+            "step": self.step,
+            "time": time.time(),
+        }
+        if self._checkpointed is not None:
+            record["checkpoint_step"], record["checkpoint_time"] = self._checkpointed
+        self.run_dir.write_progress(self.env.rank, record)
+
     def _config_dict(self) -> Any:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg))
 
@@ -381,6 +404,8 @@ class Trainer:
             self._save(self._checkpoint_state(ranks), path)
             prune_checkpoints(self.run_dir.checkpoint_files(), self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
+            self._checkpointed = (self.step, time.time())
+            self._report_progress()
         dist.barrier(group=self.control)
 
     def _checkpoint_state(self, ranks: list[Any]) -> dict[str, Any]:
@@ -473,6 +498,8 @@ class Trainer:
         if self.env.is_main:
             self._save_weights(self.run_dir.model_final)
             log.info("saved %s", self.run_dir.model_final)
+            self._checkpointed = (self.step, time.time())  # the final weights keep every step
+            self._report_progress()
 
     def close(self) -> None:
         """Release files, the profiler and the progress bar; write the plots. Safe after a failure."""

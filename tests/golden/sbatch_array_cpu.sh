@@ -19,17 +19,19 @@ RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}
 set -u
 
 # ---- command ----
+# The supervisor runs the training step (srun ... python -m hpc_train.worker) on the healthy nodes, and starts
+# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).
 # Slurm sends SIGUSR2 to the ranks before the time limit; `scancel --full` would also send it
-# here, where bash would die of it and lose srun's exit code. So this shell only notes it and keeps waiting.
+# here, where bash would die of it and lose the exit status. So this shell only notes it and keeps waiting.
 trap 'echo "hpc_train: batch shell got SIGUSR2; the ranks handle it" >&2' USR2
-srun --kill-on-bad-exit=1 --wait=60 --unbuffered /usr/bin/python3 -u -m hpc_train.worker --run-dir "$RUN_DIR" &
-srun_pid=$!
-while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done
-wait "$srun_pid"
+/usr/bin/python3 -u -m hpc_train.supervisor --run-dir "$RUN_DIR" &
+supervisor_pid=$!
+while kill -0 "$supervisor_pid" 2>/dev/null; do wait "$supervisor_pid"; done
+wait "$supervisor_pid"
 rc=$?
 
 # ---- teardown ----
 mkdir -p "$RUN_DIR/status"
 printf '{"job_id": "%s", "exit_code": %d, "end": %d}\n' "$SLURM_JOB_ID" "$rc" "$(date +%s)" > "$RUN_DIR/status/batch_exit.json"
-echo "hpc_train: srun exited with status $rc"
+echo "hpc_train: the supervisor exited with status $rc"
 exit "$rc"

@@ -66,7 +66,7 @@ def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Path
     statuses = RunDir(run_dir).read_statuses()
     assert {s["state"] for s in statuses.values()} == {"stopped"}, statuses
     # Both ranks agreed on one step, saved there and said so; that is where the rerun starts.
-    progress = [RunDir(run_dir).read_script_progress(rank) for rank in (0, 1)]
+    progress = [RunDir(run_dir).read_progress(rank) for rank in (0, 1)]
     assert {p["stop_agreed"] for p in progress} == {True} and len({p["step"] for p in progress}) == 1, progress
     saved = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     assert saved == progress[0]["step"] and 0 < saved < 120

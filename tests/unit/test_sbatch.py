@@ -78,12 +78,14 @@ def test_flags_are_sorted_and_sections_in_order() -> None:
     assert sections == ["# ---- parameters ----", "# ---- setup ----", "# ---- command ----", "# ---- teardown ----"]
 
 
-def _fake_srun(bin_dir: Path, exit_code: int) -> None:
-    """An srun that records its arguments, one per line, and exits with ``exit_code``."""
+def _fake_python(bin_dir: Path, exit_code: int) -> str:
+    """A python that records its arguments (the supervisor's command line), one per line, and exits with
+    ``exit_code``."""
     bin_dir.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\nexit {exit_code}\n')
-    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > "$ARGS"\nexit {exit_code}\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    return str(python)
 
 
 @pytest.mark.parametrize("exit_code", [0, 3])
@@ -93,23 +95,17 @@ def test_hostile_values_stay_inert_and_exit_code_is_kept(tmp_path: Path, exit_co
     # Setup lines are shell as the user wrote it: a value they quoted prints as text, $HOME expands, && chains.
     # An unset variable is fine there too (conda's and Lmod's functions read some): `set -u` comes after.
     setup = [f"echo {shlex.quote(HOSTILE)}", 'echo "home=$HOME" && echo chained', 'echo "unset=$HPC_TRAIN_UNSET."']
-    cluster = slurm(job_name=HOSTILE, setup=setup, srun_args=[f"--comment={HOSTILE}"])
+    cluster = slurm(job_name=HOSTILE, setup=setup)
+    python = _fake_python(tmp_path / f"bin {HOSTILE}", exit_code)
     script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(job_spec(cluster, [run_dir], run_dir / "logs", python="/usr/bin/python3")))
-    _fake_srun(tmp_path / "bin", exit_code)
-    env = {
-        **os.environ,
-        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "SLURM_JOB_ID": "77",
-        "SRUN_ARGS": str(tmp_path / "args"),
-    }
+    script.write_text(render_sbatch(job_spec(cluster, [run_dir], run_dir / "logs", python=python)))
+    env = {**os.environ, "SLURM_JOB_ID": "77", "ARGS": str(tmp_path / "args")}
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == exit_code, proc.stderr
     assert not list(tmp_path.rglob("x")), "a quoted value was executed"
     assert proc.stdout.splitlines()[:4] == [HOSTILE, f"home={os.environ['HOME']}", "chained", "unset=."]
     args = (tmp_path / "args").read_text().splitlines()
-    assert args[-2:] == ["--run-dir", str(run_dir)]
-    assert f"--comment={HOSTILE}" in args and "--kill-on-bad-exit=1" in args
+    assert args == ["-u", "-m", "hpc_train.supervisor", "--run-dir", str(run_dir)]
     assert f'"exit_code": {exit_code}' in (run_dir / "status" / "batch_exit.json").read_text()
 
 
@@ -117,16 +113,10 @@ def test_array_script_picks_its_run_dir(tmp_path: Path) -> None:
     dirs = [tmp_path / f"{i} {HOSTILE}" for i in range(3)]
     for d in dirs:
         d.mkdir()
+    python = _fake_python(tmp_path / "bin", 0)
     script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(job_spec(slurm(), dirs, tmp_path, python="/usr/bin/python3")))
-    _fake_srun(tmp_path / "bin", 0)
-    env = {
-        **os.environ,
-        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "SLURM_JOB_ID": "9",
-        "SLURM_ARRAY_TASK_ID": "2",
-        "SRUN_ARGS": str(tmp_path / "args"),
-    }
+    script.write_text(render_sbatch(job_spec(slurm(), dirs, tmp_path, python=python)))
+    env = {**os.environ, "SLURM_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "2", "ARGS": str(tmp_path / "args")}
     subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=30)
     assert (tmp_path / "args").read_text().splitlines()[-1] == str(dirs[2])
     assert "#SBATCH --array=0-2" in script.read_text()

@@ -96,7 +96,7 @@ def test_batch_exit_code_is_reported(tmp_path: Path, scheduler) -> None:  # type
     scheduler(squeue=None, sacct=None)
     rd = run_dir_with(tmp_path, "5", {0: "running"})
     write_json_atomic(rd.status_dir / "batch_exit.json", {"job_id": "5", "exit_code": 137})
-    assert "srun exited with status 137" in job_state(rd, 1).detail
+    assert "the job script exited with status 137" in job_state(rd, 1).detail
 
 
 def test_unreachable_controller_is_not_a_verdict(tmp_path: Path, scheduler) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,191 @@
+"""What a failed training step died of, and whether starting it again can help.
+
+The supervisor calls ``classify`` once srun has ended without every rank completing. It has three witnesses:
+srun's own lines about its tasks (``srun: error: node2: task 3: Killed``: the first is the task that ended
+first, the likely cause), the node failures srun reports, and the status each rank wrote (a Python error with
+its traceback, a watchdog report, or nothing at all for a rank that was killed).
+
+Retryable: a rank killed by a signal, a node lost, a collective or rendezvous error, a hang the watchdog
+caught, and a Python exception the first time it is seen. Fatal: the same exception from the same step on two
+attempts in a row, an import error and a config error. Hosts blamed for a retryable failure are its
+``suspects``: the supervisor leaves them out of the next attempt when it has spare nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from hpc_train.core.state import RankState
+
+__all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"]
+
+RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
+FATAL_KINDS = ("repeated_exception", "import", "config")
+
+_TASK_LINE = re.compile(r"srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
+_NODE_LINE = re.compile(
+    r"(?:[Nn]ode failure on|launch failed on node|Unable to contact slurm controller.*node|"
+    r"Communication connection failure.*?on) (?P<host>[A-Za-z0-9_.\-\[\]]+)"
+)
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
+_CONFIG_ERRORS = {"ConfigError", "ConfigAttributeError", "ConfigKeyError", "ValidationError", "MissingMandatoryValue"}
+_COLLECTIVE_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+_COLLECTIVE_WORDS = re.compile(
+    r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|timed out|timeout|rendezvous|socket|"
+    r"closed by peer|unable to (?:write|read)|store",
+    re.IGNORECASE,
+)
+_EXCEPTION_LINE = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning))(?::\s*(?P<msg>.*))?$"
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    """One of RETRYABLE_KINDS or FATAL_KINDS."""
+    rank: int | None
+    host: str
+    error: str
+    traceback: str
+    step: int | None
+    suspects: tuple[str, ...] = ()
+    """Hosts blamed: a killed rank's, a lost node, a frozen rank's."""
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_KINDS
+
+    def same_as(self, earlier: Mapping[str, Any] | None) -> bool:
+        """The same Python exception from the same step as ``earlier`` (an ``as_dict`` of the last attempt)."""
+        return (
+            earlier is not None
+            and earlier.get("kind") in ("exception", "repeated_exception")
+            and earlier.get("error") == self.error
+            and earlier.get("step") == self.step
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["suspects"] = list(self.suspects)
+        record["retryable"] = self.retryable
+        return record
+
+    def describe(self) -> str:
+        where = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host or "the step"
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.kind} ({'retryable' if self.retryable else 'fatal'}): {where}{at}: {self.error}"
+
+
+@dataclass
+class SrunReport:
+    """What srun said on stderr about its tasks and nodes, in the order it said it."""
+
+    task_exits: list[tuple[str, int, str]]
+    """(host, first task id, what): 'Killed', 'Exited with exit code 1', 'Terminated', ..."""
+    lost_nodes: list[str]
+
+    @classmethod
+    def parse(cls, lines: Iterable[str]) -> SrunReport:
+        report = cls([], [])
+        for line in lines:
+            task = _TASK_LINE.search(line)
+            if task:
+                report.task_exits.append((task["host"], int(task["tasks"]), task["what"]))
+                continue
+            node = _NODE_LINE.search(line)
+            if node and node["host"] not in report.lost_nodes:
+                report.lost_nodes.append(node["host"])
+        return report
+
+
+def _state(status: Mapping[str, Any] | None) -> str:
+    return str(status.get("state", "")) if status else ""
+
+
+def _silent_hosts(statuses: Mapping[int, Mapping[str, Any]]) -> tuple[str, ...]:
+    """Hosts of ranks still marked live once the step has ended: they died (or froze) without a word."""
+    live = {RankState.STARTING.value, RankState.RUNNING.value}
+    hosts = {str(s.get("host", "")) for s in statuses.values() if _state(s) in live}
+    return tuple(sorted(h for h in hosts if h))
+
+
+def _error_kind(error: str, traceback: str) -> tuple[str, str]:
+    """(kind, error) from a reported error ``"Type: message"``; a user script's error is read from the last
+    exception line of its stderr."""
+    if error.startswith("watchdog:"):
+        return "hang", error
+    type_name = error.split(":", 1)[0].rsplit(".", 1)[-1]
+    if type_name == "ScriptError":
+        if " was killed by " in error:
+            return "killed", error
+        for line in reversed(traceback.splitlines()):
+            found = _EXCEPTION_LINE.match(line.strip())
+            if found:
+                error = line.strip()
+                type_name = found["type"].rsplit(".", 1)[-1]
+                break
+        else:
+            return "exception", error
+    if type_name in _IMPORT_ERRORS:
+        return "import", error
+    if type_name in _CONFIG_ERRORS:
+        return "config", error
+    if type_name in _COLLECTIVE_ERRORS or _COLLECTIVE_WORDS.search(error):
+        return "collective", error
+    return "exception", error
+
+
+def _from_status(rank: int, status: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]]) -> Failure:
+    traceback = str(status.get("traceback", ""))
+    kind, error = _error_kind(str(status.get("error", "?")), traceback)
+    host = str(status.get("host", "?"))
+    step = status.get("failed_step", status.get("step"))
+    step = int(step) if isinstance(step, int) else None
+    suspects: tuple[str, ...] = ()
+    if kind == "killed":
+        suspects = (host,)
+    elif kind == "hang":
+        suspects = _silent_hosts(statuses)
+    return Failure(kind, rank, host, error, traceback, step, suspects)
+
+
+def classify(
+    statuses: Mapping[int, Mapping[str, Any]],
+    srun: SrunReport,
+    exit_code: int,
+    previous: Mapping[str, Any] | None = None,
+) -> Failure:
+    """The failure of a step that ended with ``exit_code`` before every rank completed. ``previous`` is the
+    failure of the attempt before (``Failure.as_dict``), to tell a repeated exception."""
+    failure = _classify(statuses, srun, exit_code)
+    if failure.kind == "exception" and failure.same_as(previous):
+        return replace(failure, kind="repeated_exception")
+    return failure
+
+
+def _classify(statuses: Mapping[int, Mapping[str, Any]], srun: SrunReport, exit_code: int) -> Failure:
+    failed = RankState.FAILED.value
+    if srun.lost_nodes:
+        host = srun.lost_nodes[0]
+        return Failure("node_lost", None, host, f"srun lost node {host}", "", None, tuple(srun.lost_nodes))
+    if srun.task_exits:
+        host, rank, what = srun.task_exits[0]
+        status = statuses.get(rank)
+        if _state(status) == failed and status is not None:
+            return _from_status(rank, status, statuses)
+        step = status.get("step") if status else None
+        error = f"the process ended without reporting an error: {what}"
+        return Failure("killed", rank, host, error, "", step if isinstance(step, int) else None, (host,))
+    reported = sorted(
+        ((rank, s) for rank, s in statuses.items() if _state(s) == failed), key=lambda rs: rs[1].get("time", 0)
+    )
+    if reported:
+        return _from_status(*reported[0], statuses)
+    silent = _silent_hosts(statuses)
+    if silent:
+        return Failure("killed", None, silent[0], "ranks ended without reporting", "", None, silent)
+    return Failure("unknown", None, "", f"srun exited with status {exit_code} and no rank reported why", "", None)

@@ -1,0 +1,340 @@
+"""In-allocation restart: the batch step supervises the training step and starts it again after a failure.
+
+Every Slurm job of hpc_train runs this in its batch step (``python -m hpc_train.supervisor --run-dir RUN_DIR``
+in the sbatch script, or the call submitit pickles). It picks ``cluster.nodes`` healthy nodes of the
+allocation, runs the training step on them with srun (``python -m hpc_train.worker`` on every task) and waits.
+When the step fails in a way worth retrying (``hpc_train.runtime.failures``), it starts a new step in the same
+allocation: no new job, no queue wait. The ranks resume from the newest complete checkpoint.
+
+- Nodes blamed for the failure go on the run's bad-node list (``status/bad_nodes.json``); with
+  ``cluster.spare_nodes`` the next attempt runs without them, and when fewer than ``cluster.nodes`` healthy
+  nodes are left the job ends (EXIT_GAVE_UP). Without spares the next attempt reuses the node.
+- At most ``cluster.max_failures`` restarts per job, and at most ``cluster.max_stalled_failures`` failed
+  attempts in a row without a new checkpoint; then the job ends (EXIT_GAVE_UP).
+- A fatal failure (the same exception from the same step twice in a row, an import error, a config error)
+  ends the job at once (EXIT_FATAL), with no retry and no requeue.
+- A stop signal (preemption, the time limit, scancel) is the ranks' business: they checkpoint and requeue the
+  job; the supervisor starts nothing more.
+
+Every attempt is recorded in ``status/attempts.json`` and the goodput ledger in ``status/goodput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from hpc_train.config import ClusterConfig, load_config
+from hpc_train.core.goodput import ledger
+from hpc_train.core.hostlist import expand_hostlist
+from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir, write_json_atomic
+from hpc_train.core.state import RankState, all_ranks
+from hpc_train.runtime.commands import WORKER, srun_argv
+from hpc_train.runtime.failures import Failure, SrunReport, classify
+from hpc_train.train.stopping import StopSignals, signal_number
+
+__all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "run", "supervise"]
+
+EXIT_FATAL = 86
+"""A fatal failure: not retried, not requeued (the class is in status/attempts.json and `jobs status`)."""
+EXIT_GAVE_UP = 87
+"""Retryable failures, but the limits are spent (cluster.max_failures, max_stalled_failures) or no healthy
+node is left."""
+STOP_GRACE_S = 30
+"""After a stop signal, how long srun gets beyond cluster.srun_wait_s before the supervisor ends it."""
+
+
+def _say(message: str, stream: IO[str] | None = None) -> None:
+    print(f"hpc_train supervisor: {message}", file=stream or sys.stderr, flush=True)
+
+
+def pick_nodes(allocation: list[str], bad: list[str], cluster: ClusterConfig) -> list[str] | str:
+    """The nodes of the next attempt, or why there are not enough.
+
+    With spares, blamed nodes are left out; without, every node of the allocation is used again.
+    """
+    if not cluster.spare_nodes:
+        return allocation[: cluster.nodes]
+    healthy = [n for n in allocation if n not in bad]
+    if len(healthy) < cluster.nodes:
+        return (
+            f"no healthy node left: training needs {cluster.nodes} nodes; of the allocation "
+            f"{','.join(allocation)}, {','.join(n for n in allocation if n in bad)} failed before. HINT: ask for "
+            "more spares (cluster.spare_nodes), or resubmit: the run dir resumes from its last checkpoint and "
+            f"cluster.exclude can keep those nodes out"
+        )
+    return healthy[: cluster.nodes]
+
+
+def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str) -> list[str]:
+    """The srun command of one training step on ``nodes``; cluster.srun_args come last, so they win."""
+    srun, *options = srun_argv(cluster)
+    return [
+        srun,
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes) * cluster.tasks_per_node}",
+        f"--ntasks-per-node={cluster.tasks_per_node}",
+        f"--cpus-per-task={cluster.cpus_per_task}",
+        f"--nodelist={','.join(nodes)}",
+        *options,
+        python,
+        "-u",
+        "-m",
+        WORKER,
+        "--run-dir",
+        str(rd.path),
+    ]
+
+
+class _Step:
+    """One srun: its stderr is copied through line by line and kept for ``SrunReport``."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str]) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace")
+        self._reader = threading.Thread(target=self._copy, args=(self.proc.stderr,), daemon=True)
+        self._reader.start()
+
+    def _copy(self, stream: IO[str]) -> None:
+        for line in stream:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            self.lines.append(line)
+
+    def wait(self, signals: StopSignals, grace_s: float) -> int:
+        """srun's exit status; after a stop signal, srun gets ``grace_s`` before it is ended."""
+        signalled_at: float | None = None
+        while True:
+            try:
+                code = self.proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if signals.received and signalled_at is None:
+                signalled_at = time.monotonic()
+            if signalled_at is not None and time.monotonic() - signalled_at > grace_s:
+                _say(f"srun still runs {grace_s:.0f}s after signal {signals.received}; ending it")
+                self.proc.terminate()
+                try:
+                    code = self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    code = self.proc.wait()
+                break
+        self._reader.join(timeout=10)
+        return code
+
+
+def _made_progress(entry: Mapping[str, Any]) -> bool:
+    """True when the attempt left a newer checkpoint than it resumed from (a user's script, which does not
+    tell its checkpoints: a step beyond the one it resumed from)."""
+    progress = entry.get("progress") or {}
+    first = progress.get("first_step")
+    if not isinstance(first, int):
+        return False
+    saved = progress.get("checkpoint_step", progress.get("step") if entry.get("script") else None)
+    return isinstance(saved, int) and saved > first - 1
+
+
+class Supervisor:
+    def __init__(self, rd: RunDir, environ: Mapping[str, str]) -> None:
+        self.rd = rd
+        self.environ = environ
+        self.cfg = load_config(rd.config)
+        self.cluster = self.cfg.cluster
+        nodelist = environ.get("SLURM_JOB_NODELIST", "")
+        if not nodelist:
+            raise SystemExit("hpc_train.supervisor runs inside a Slurm job's batch step (SLURM_JOB_NODELIST unset)")
+        self.allocation = expand_hostlist(nodelist)
+        self.job_id = environ.get("SLURM_JOB_ID", "")
+        if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+            self.job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+        self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT])
+        self.python = self.cluster.python or sys.executable
+
+    # ---- the ledger ---------------------------------------------------------------------------------------
+
+    def _begin_allocation(self) -> None:
+        allocations = self.rd.read_allocations()
+        allocations.append({"job_id": self.job_id, "nodes": self.allocation, "start": time.time(), "end": None})
+        self.rd.write_allocations(allocations)
+
+    def _end_allocation(self) -> None:
+        allocations = self.rd.read_allocations()
+        if allocations and allocations[-1].get("job_id") == self.job_id:
+            allocations[-1]["end"] = time.time()
+            self.rd.write_allocations(allocations)
+        self._write_goodput()
+
+    def _write_goodput(self) -> None:
+        write_json_atomic(self.rd.goodput, ledger(self.rd.read_allocations(), self.rd.read_attempts()))
+
+    def _save_attempt(self, entry: dict[str, Any]) -> None:
+        attempts = self.rd.read_attempts()
+        if attempts and attempts[-1].get("attempt") == entry["attempt"]:
+            attempts[-1] = entry
+        else:
+            attempts.append(entry)
+        write_json_atomic(self.rd.attempts, attempts)
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.signals.install()
+        self._begin_allocation()
+        try:
+            return self._loop()
+        finally:
+            self._end_allocation()
+            self.signals.restore()
+
+    def _loop(self) -> int:
+        while True:
+            attempts = self.rd.read_attempts()
+            last = attempts[-1] if attempts else None
+            number = max(len(attempts), self.rd.next_attempt(), int(last["attempt"]) + 1 if last else 0)
+            bad = [str(e.get("host")) for e in self.rd.read_bad_nodes()]
+            nodes = pick_nodes(self.allocation, bad, self.cluster)
+            if isinstance(nodes, str):
+                return self._give_up(last, nodes)
+            if self.signals.received:
+                _say(f"signal {self.signals.received} came before attempt {number}; not starting it")
+                return 0
+            entry = self._attempt(number, nodes)
+            if entry["outcome"] == "completed":
+                return 0
+            if entry["outcome"] == "stopped":
+                return int(entry["exit_code"])
+            failure = entry["failure"]
+            if not failure["retryable"]:
+                entry["outcome"] = "fatal"
+                self._save_attempt(entry)
+                _say(f"fatal failure, not retried and not requeued (exit {EXIT_FATAL}): {failure['describe']}")
+                return EXIT_FATAL
+            why_not = self._refusal()
+            if why_not is not None:
+                return self._give_up(entry, why_not)
+            if self.cluster.spare_nodes:
+                for host in failure["suspects"]:
+                    if host in self.allocation:
+                        self.rd.add_bad_node(host, failure["describe"], number)
+            _say(f"attempt {number} failed ({failure['describe']}); starting attempt {number + 1} in this allocation")
+
+    def _attempt(self, number: int, nodes: list[str]) -> dict[str, Any]:
+        self.rd.clear_statuses()
+        entry: dict[str, Any] = {
+            "attempt": number,
+            "job_id": self.job_id,
+            "nodes": nodes,
+            "start": time.time(),
+            "end": None,
+            "outcome": "running",
+            "script": self.cfg.script.enabled,
+        }
+        self._save_attempt(entry)
+        self._write_goodput()
+        argv = step_argv(self.rd, self.cluster, nodes, self.python)
+        _say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
+        step = _Step(argv, {**self.environ, ATTEMPT_VARIABLE: str(number)})
+        code = step.wait(self.signals, self.cluster.srun_wait_s + STOP_GRACE_S)
+        entry.update(end=time.time(), exit_code=code, progress=self.rd.read_progress(0))
+        statuses = self.rd.read_statuses()
+        if all_ranks(statuses, self.cluster.world_size, RankState.COMPLETED):
+            entry["outcome"] = "completed"
+        elif self._stopped(statuses):
+            entry["outcome"] = "stopped"
+        else:
+            attempts = self.rd.read_attempts()
+            previous = attempts[-2].get("failure") if len(attempts) > 1 else None
+            failure = classify(statuses, SrunReport.parse(step.lines), code, previous)
+            entry["outcome"] = "failed"
+            entry["failure"] = failure.as_dict() | {"describe": failure.describe()}
+            _log_failure(failure)
+        self._save_attempt(entry)
+        self._write_goodput()
+        return entry
+
+    def _stopped(self, statuses: Mapping[int, Mapping[str, Any]]) -> bool:
+        """The step ended on a stop signal: this batch step got one (scancel, Slurm's requeue), or the ranks
+        stopped on the preemption signal (and requeued the job). Ranks that stopped on the SIGTERM srun sends
+        after another task failed do not count: that is a failure."""
+        if self.signals.received:
+            return True
+        own = signal_number(self.cluster.signal)
+        return any(
+            s.get("state") == RankState.STOPPED.value and (s.get("signal") == own or s.get("requeued"))
+            for s in statuses.values()
+        )
+
+    def _refusal(self) -> str | None:
+        attempts = self.rd.read_attempts()
+        here = [a for a in attempts if a.get("job_id") == self.job_id and a.get("failure")]
+        if len(here) > self.cluster.max_failures:
+            return (
+                f"not restarted: {len(here)} failures in this job (cluster.max_failures={self.cluster.max_failures})."
+                " HINT: look at the failures in `python -m hpc_train.jobs status`; raise cluster.max_failures, or"
+                " resubmit: the run dir resumes from its last checkpoint"
+            )
+        stalled = 0
+        for attempt in reversed(attempts):
+            if not attempt.get("failure") or _made_progress(attempt):
+                break
+            stalled += 1
+        if stalled > self.cluster.max_stalled_failures:
+            return (
+                f"not restarted: the last {stalled} attempts failed without saving a new checkpoint "
+                f"(cluster.max_stalled_failures={self.cluster.max_stalled_failures}). HINT: checkpoint more often "
+                "(trainer.checkpoint_every_n_steps) or fix what fails"
+            )
+        return None
+
+    def _give_up(self, entry: dict[str, Any] | None, why: str) -> int:
+        _say(f"giving up (exit {EXIT_GAVE_UP}): {why}")
+        if entry is not None:
+            entry["outcome"] = "gave_up"
+            entry["message"] = why
+            self._save_attempt(entry)
+        return EXIT_GAVE_UP
+
+
+def _log_failure(failure: Failure) -> None:
+    _say(f"the training step failed: {failure.describe()}")
+    if failure.traceback:
+        tail = "\n".join(failure.traceback.strip().splitlines()[-8:])
+        print(tail, file=sys.stderr, flush=True)
+
+
+def supervise(rd: RunDir, environ: Mapping[str, str] | None = None) -> int:
+    """Run the training of ``rd`` in this allocation, restarting it after failures; the job's exit status."""
+    return Supervisor(rd, os.environ if environ is None else environ).run()
+
+
+def run(run_dir: str | Path) -> None:
+    """The call submitit pickles: supervise, and end the job with the supervisor's status."""
+    code = supervise(RunDir(Path(run_dir)))
+    if code:
+        sys.stdout.flush()
+        raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m hpc_train.supervisor --run-dir RUN_DIR``, in the batch step of a job."""
+    parser = argparse.ArgumentParser(prog="python -m hpc_train.supervisor", description=__doc__)
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory written by `python -m hpc_train`")
+    args = parser.parse_args(argv)
+    if not RunDir.holds_run(args.run_dir):
+        parser.error(f"--run-dir {args.run_dir}: no {RunDir(args.run_dir).config.name} there")
+    sys.exit(supervise(RunDir(args.run_dir)))
+
+
+if __name__ == "__main__":
+    main()
