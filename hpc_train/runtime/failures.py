@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpc_train.core.state import RankState
+from hpc_train.train.watchdog import FROZEN
 
 __all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"]
 
@@ -106,6 +107,20 @@ def _state(status: Mapping[str, Any] | None) -> str:
     return str(status.get("state", "")) if status else ""
 
 
+def _hang_suspects(statuses: Mapping[int, Mapping[str, Any]]) -> tuple[str, ...]:
+    """Who froze: ranks whose own watchdog saw that the process was not running; else those that did not
+    report the hang (silent, or failed otherwise once woken), while the others did."""
+    errors = {
+        rank: str(s.get("error", "")) if _state(s) == RankState.FAILED.value else "" for rank, s in statuses.items()
+    }
+    frozen = [rank for rank, error in errors.items() if FROZEN in error]
+    if not frozen:
+        frozen = [rank for rank, error in errors.items() if not error.startswith("watchdog:")]
+        if len(frozen) == len(statuses):
+            return ()
+    return tuple(sorted({str(statuses[rank].get("host", "")) for rank in frozen} - {""}))
+
+
 def _silent_hosts(statuses: Mapping[int, Mapping[str, Any]]) -> tuple[str, ...]:
     """Hosts of ranks still marked live once the step has ended: they died (or froze) without a word."""
     live = {RankState.STARTING.value, RankState.RUNNING.value}
@@ -149,7 +164,7 @@ def _from_status(rank: int, status: Mapping[str, Any], statuses: Mapping[int, Ma
     if kind == "killed":
         suspects = (host,)
     elif kind == "hang":
-        suspects = _silent_hosts(statuses)
+        suspects = _hang_suspects(statuses)
     return Failure(kind, rank, host, error, traceback, step, suspects)
 
 

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["EXIT_CODE", "Watchdog"]
+__all__ = ["EXIT_CODE", "FROZEN", "Watchdog"]
 
 EXIT_CODE = 75
+FROZEN = "This rank was itself not running"
+"""In the watchdog's report of a rank that was frozen: the supervisor blames its node."""
 log = logging.getLogger(__name__)
 
 
@@ -32,6 +34,8 @@ class Watchdog:
         self.timeout_s, self.stream, self.on_fire = timeout_s, stream, on_fire
         self.what = "starting"
         self._last = time.monotonic()
+        self.paused_s = 0.0
+        """The longest time this process did not run at all, as the watchdog's own late ticks show."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpc_train-watchdog", daemon=True)
 
@@ -57,8 +61,13 @@ class Watchdog:
 
     def _run(self) -> None:
         tick = self._tick
+        woke = time.monotonic()
         while not self._stop.wait(tick):
-            idle = time.monotonic() - self._last
+            now = time.monotonic()
+            # A tick that came far too late: this process itself did not run (SIGSTOP, a frozen node, swap).
+            self.paused_s = max(self.paused_s, now - woke - tick)
+            woke = now
+            idle = now - self._last
             if idle <= self.timeout_s:
                 # The backstop fires only if this thread stops running (re-armed each tick).
                 faulthandler.dump_traceback_later(self.timeout_s - idle + 4 * tick + 5, exit=True, file=self.stream)
@@ -71,6 +80,8 @@ class Watchdog:
             f"watchdog: no progress for {idle:.0f}s (trainer.watchdog_s={self.timeout_s:g}) while {self.what}; "
             "stacks of all threads follow, then this rank exits"
         )
+        if self.paused_s > self.timeout_s / 2:
+            message += f". {FROZEN} for {self.paused_s:.0f}s (stopped, or starved of CPU): it is the likely cause"
         log.error("%s", message)
         self.stream.write(f"--- {message} ---\n")
         self.stream.flush()

@@ -189,6 +189,7 @@ def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
             "trainer.max_epochs=0",
             "trainer.log_every_n_steps=1",
             "cluster.submit=sbatch",
+            "cluster.max_failures=0",  # no restart in the allocation: the failure ends the job
         ]
         proc = cli("hpc_train", *TWO_BY_TWO, *slow, f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,6 +16,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.launch.sbatch import sbatch_flags
 from hpc_train.runtime.failures import SrunReport, classify
 from hpc_train.runtime.supervisor import _made_progress, pick_nodes, step_argv
+from hpc_train.train.watchdog import FROZEN
 
 SRUN_KILL = [
     "srun: error: node2: task 2: Killed\n",
@@ -116,8 +117,13 @@ def test_a_hang_blames_the_node_of_the_silent_rank() -> None:
         2: failed(2, "node2", "watchdog: no progress for 11s"),
         3: running(3, "node2"),
     }
-    failure = classify(statuses, SrunReport.parse(["srun: error: node1: task 0: Exited with exit code 75\n"]), 75)
-    assert (failure.kind, failure.suspects) == ("hang", ("node2",))
+    exits = SrunReport.parse(["srun: error: node1: task 0: Exited with exit code 75\n"])
+    assert (classify(statuses, exits, 75).kind, classify(statuses, exits, 75).suspects) == ("hang", ("node2",))
+    # Woken by srun's SIGCONT, the frozen rank's own watchdog fires too, and says it was not running.
+    statuses[3] = failed(3, "node2", f"watchdog: no progress for 40s. {FROZEN} for 31s")
+    assert classify(statuses, exits, 75).suspects == ("node2",)
+    statuses[3] = failed(3, "node2", "watchdog: no progress for 40s")
+    assert classify(statuses, exits, 75).suspects == ()  # nobody to blame: no node is left out
 
 
 def test_a_lost_node_or_a_silent_step() -> None:

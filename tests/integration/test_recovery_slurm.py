@@ -1,0 +1,196 @@
+"""Recovery without a human, on the real testbed: a failed training step starts again in the same allocation.
+
+- 2 nodes + 1 spare (partition all), checkpoints every 10 steps, SIGKILL of a rank on node2 at about step 40:
+  the same job completes (Slurm's Restarts still 0), the second attempt on node1 and node3, weights
+  bit-identical to an uninterrupted run, and the goodput ledger agrees with the gap the test measured.
+- Without a spare (sbatch mode, a user's script): the same kill, and the job completes on node1 and node2.
+- A frozen rank (SIGSTOP): caught by the watchdog, retried in the allocation.
+- The same exception from the same step on every attempt: fatal after the second, exit 86, no requeue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_train.core.rundir import RunDir, read_json
+
+from ..conftest import REPO, assert_bitwise_equal
+from .conftest import cli, wait_for_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
+
+JOB = [
+    "cluster=slurm",
+    "cluster.nodes=2",
+    "cluster.tasks_per_node=2",
+    "data.num_samples=4096",
+    "model.hidden_sizes=[512,512]",
+    "model.dropout=0.1",
+    "trainer.max_steps=120",
+    "trainer.max_epochs=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.checkpoint_every_n_steps=10",
+    "trainer.plots=false",
+    "trainer.tensorboard=false",
+    "trainer.progress_bar=false",
+]
+LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
+
+
+def submit(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train", *args, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=run_dir.parent,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(read_json(RunDir(run_dir).job_record)["job_id"])
+
+
+def slurm_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job``'s fields (the job stays listed for MinJobAge after it ends)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+
+def kill_on(run_dir: Path, host: str, step: int, timeout: float = 180) -> tuple[float, int]:
+    """SIGKILL the training process of a rank on ``host`` once every rank passed ``step``; (time, rank)."""
+    rd = RunDir(run_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = rd.read_statuses()
+        if len(statuses) == 4 and min(int(s.get("step", 0)) for s in statuses.values()) >= step:
+            rank, status = next((r, s) for r, s in sorted(statuses.items()) if s["host"] == host)
+            os.kill(int(status["pid"]), signal.SIGKILL)  # the testbed's nodes share this machine's pid namespace
+            return time.time(), rank
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def status_of(run_dir: Path) -> dict[str, object]:
+    out = cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=run_dir.parent).stdout
+    return json.loads(out)[0]  # type: ignore[no-any-return]
+
+
+def test_killed_rank_restarts_on_the_spare_node_exactly(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline" / "run"
+    baseline.parent.mkdir()
+    base_id = submit(baseline, *JOB, "cluster.partition=all")  # queued behind the spare job, or beside it
+    run_dir = tmp_path / "spare" / "run"
+    run_dir.parent.mkdir()
+    job_id = submit(run_dir, *JOB, "cluster.partition=all", "cluster.spare_nodes=1")
+    killed_at, rank = kill_on(run_dir, "node2", 40)
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    assert slurm_job(job_id)["Restarts"] == "0"  # no requeue: the same job, never back in the queue
+    attempts = RunDir(run_dir).read_attempts()
+    assert [a["outcome"] for a in attempts] == ["failed", "completed"], attempts
+    assert attempts[0]["nodes"] == ["node1", "node2"] and attempts[1]["nodes"] == ["node1", "node3"]
+    failure = attempts[0]["failure"]
+    assert (failure["kind"], failure["rank"], failure["host"]) == ("killed", rank, "node2"), failure
+    assert [e["host"] for e in RunDir(run_dir).read_bad_nodes()] == ["node2"]
+    table = read_json(RunDir(run_dir).rank_table)
+    assert {row["host"] for row in table} == {"node1", "node3"} and {row["attempt"] for row in table} == {1}
+    assert (run_dir / "logs" / "rank_0.restart1.log").is_file()
+
+    goodput = read_json(RunDir(run_dir).goodput)
+    first_step = attempts[1]["progress"]["first_time"]
+    print(f"restart latency (kill -> first step of attempt 1): {first_step - killed_at:.1f}s; ledger: {goodput}")
+    assert 0 < goodput["ettr"] <= 1 and goodput["failures"] == 1
+    # The ledger's failure time is rank 0's last reported step, at most a second or two before the kill.
+    [restart] = goodput["restarts"]
+    assert restart["in_allocation"] and abs(restart["latency_s"] - (first_step - killed_at)) < 3, restart
+    assert goodput["lost_s"] >= restart["latency_s"]
+    assert goodput["lost_s"] == pytest.approx(goodput["wall_s"] - goodput["productive_s"], abs=0.01)
+    shown = status_of(run_dir)
+    assert shown["state"] == "COMPLETED" and shown["attempt"] == 1 and shown["goodput"]["ettr"] == goodput["ettr"]
+
+    assert wait_for_job(base_id, timeout=300) == "COMPLETED"
+    assert_bitwise_equal(baseline, run_dir)
+
+
+def test_killed_script_rank_without_spare_reuses_the_node(tmp_path: Path) -> None:
+    """sbatch mode and a user's script that saves every 10 steps: its process on node2 is SIGKILLed, the next
+    attempt runs on node1 and node2 again and resumes from the script's own checkpoint."""
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    args = ",".join(["--out", str(out), "--steps", "150", "--sleep", "0.03", "--no-integration"])
+    job_id = submit(
+        run_dir,
+        "cluster=slurm",
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=2",
+        "cluster.submit=sbatch",
+        f"script.path={LOOP}",
+        f"script.args=[{args}]",
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoint.pt").exists():
+        assert time.monotonic() < deadline, "the script never saved"
+        time.sleep(0.05)
+    time.sleep(0.6)  # about step 30-40
+    worker = next(s for s in RunDir(run_dir).read_statuses().values() if s["host"] == "node2")
+    script_pid = subprocess.run(["pgrep", "-P", str(worker["pid"])], capture_output=True, text=True).stdout.split()[0]
+    os.kill(int(script_pid), signal.SIGKILL)
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    assert slurm_job(job_id)["Restarts"] == "0"
+    attempts = RunDir(run_dir).read_attempts()
+    assert [a["outcome"] for a in attempts] == ["failed", "completed"], attempts
+    assert [a["nodes"] for a in attempts] == [["node1", "node2"], ["node1", "node2"]]
+    assert attempts[0]["failure"]["kind"] == "killed" and attempts[0]["failure"]["host"] == "node2"
+    starts = [int(line) for line in (out / "starts.txt").read_text().split()]
+    assert starts[0] == 0 and starts[1] >= 10 and len(starts) == 2, starts
+    assert (out / "final.pt").is_file()
+
+
+@pytest.fixture(scope="module")
+def fault_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
+    """Two small jobs at once on the debug partition: a rank frozen in attempt 0 only, and an exception raised
+    by rank 1 at step 8 of every attempt."""
+    small = [*JOB, "cluster.tasks_per_node=1", "trainer.max_steps=40", "cluster.submit=sbatch"]
+    jobs = {}
+    for name, fault, extra in (
+        ("freeze", "rank=1,step=15,kind=freeze,attempt=0", ["trainer.watchdog_s=8"]),
+        ("raise", "rank=1,step=8,kind=raise", []),
+    ):
+        run_dir = tmp_path_factory.mktemp(name) / "run"
+        jobs[name] = (submit(run_dir, *small, *extra, env={"HPC_TRAIN_FAULT": fault}), run_dir)
+    return jobs
+
+
+def test_frozen_rank_is_caught_by_the_watchdog_and_retried(fault_jobs: dict[str, tuple[str, Path]]) -> None:
+    job_id, run_dir = fault_jobs["freeze"]
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    attempts = RunDir(run_dir).read_attempts()
+    assert [a["outcome"] for a in attempts] == ["failed", "completed"], attempts
+    failure = attempts[0]["failure"]
+    assert failure["kind"] == "hang" and "watchdog" in failure["error"] and failure["suspects"] == ["node2"]
+    assert attempts[1]["progress"]["first_step"] == 11  # resumed from the checkpoint of step 10
+    assert slurm_job(job_id)["Restarts"] == "0"
+
+
+def test_the_same_exception_twice_is_fatal(fault_jobs: dict[str, tuple[str, Path]]) -> None:
+    job_id, run_dir = fault_jobs["raise"]
+    assert wait_for_job(job_id, timeout=300) == "FAILED"
+    job = slurm_job(job_id)
+    assert job["ExitCode"] == "86:0" and job["Restarts"] == "0", job
+    attempts = RunDir(run_dir).read_attempts()
+    assert [a["outcome"] for a in attempts] == ["failed", "fatal"], attempts  # no third attempt
+    assert attempts[0]["failure"]["kind"] == "exception"
+    failure = attempts[1]["failure"]
+    assert (failure["kind"], failure["rank"], failure["host"], failure["step"]) == ("repeated_exception", 1, "node2", 8)
+    assert "injected fault" in failure["error"] and "Traceback" in failure["traceback"]
+    shown = status_of(run_dir)
+    assert shown["state"] == "FAILED" and "repeated_exception" in str(shown["detail"]), shown
+    text = cli("hpc_train.jobs", "status", str(run_dir), cwd=run_dir.parent).stdout
+    assert "repeated_exception (fatal): rank 1 on node2 at step 8" in text and "RuntimeError" in text, text
