@@ -1,6 +1,8 @@
 """A Hugging Face Trainer script and a Lightning script, each with hpc_train's PreemptionCallback, on 2 nodes x
-2 ranks of the Slurm testbed: preempted twice (``scancel --signal=USR2``, then ``scancel --full``), requeued
-each time, resumed at the agreed step, and ending with the uninterrupted run's weights.
+2 ranks of the Slurm testbed: preempted (``scancel --full --signal=USR2``: the batch shell gets it too),
+requeued, resumed at the agreed step, and ending with the uninterrupted run's weights. (One preemption each:
+a second one, signalling the steps only, took another 40 s per framework and is covered for the built-in
+trainer in test_preemption_slurm.)
 
 The Trainer's weights are bit-identical. Lightning's differ in the last bits (about 6e-8 here): Lightning's
 default DDP rebuilds its gradient buckets after the first step of every process, so the first step after a
@@ -83,22 +85,22 @@ def test_callback_survives_two_preemptions_bit_exact(tmp_path: Path, framework: 
     job_id, run_dir, out = submit(tmp_path / "preempted", SCRIPTS[framework])
 
     at, figures = [], []
-    for attempt, fraction, flags in ((1, 4, []), (2, 7, ["--full"])):
+    for attempt, fraction, flags in ((1, 5, ["--full"]),):
         at.append(wait_for_step(out, attempt, STEPS * fraction // 10))
-        # USR2 to the job's steps, as Slurm's --signal does; then to every process of the job, batch shell too.
+        # USR2 to every process of the job, batch shell and supervisor too.
         figures.append(preempt(job_id, out, attempt, SAVED[framework], flags))
     assert wait_for_job(job_id, timeout=400) == "COMPLETED"
     assert wait_for_job(baseline_id, timeout=300) == "COMPLETED"
 
     starts = [int(s) for s in (out / "starts.txt").read_text().split()]
     history = RunDir(run_dir).read_restarts()
-    assert [h["signal"] for h in history] == [signal.SIGUSR2] * 2, history
+    assert [h["signal"] for h in history] == [signal.SIGUSR2], history
     stopped = [h["stopped_step"] for h in history]
     # Each attempt resumed exactly where the ranks agreed to stop (nothing redone), one or two steps after
     # the step rank 0 had reached when the signal was sent.
     assert starts == [0, *stopped], (starts, history)
     assert all(0 <= s - a <= 2 for s, a in zip(stopped, at, strict=True)), (stopped, at)
-    assert (run_dir / "logs" / "rank_3.restart2.log").exists()
+    assert (run_dir / "logs" / "rank_3.restart1.log").exists()
     final, expected = (torch.load(p / "final.pt", weights_only=True) for p in (out, baseline))
     difference = max((final[k] - expected[k]).abs().max().item() for k in expected)
     assert difference <= TOLERANCE[framework], difference

@@ -23,7 +23,7 @@ SMALL = ["data.num_samples=2048", "model.hidden_sizes=[32]", "trainer.max_steps=
 def test_profile_lists_both_partitions(tmp_path: Path) -> None:
     proc = cli("hpc_train.profile", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[1:3]}
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[1:4]}
     assert rows["debug*"] == ["debug*", "2", "0", "4", "4G", "unlimited", "yes", "UP"]
     assert rows["gpu"] == ["gpu", "1", "2", "(tesla)", "8", "8G", "02:00:00", "UP"]
     assert "accounts: root" in proc.stdout
@@ -91,7 +91,7 @@ def _queued(name: str) -> str:
         ("cluster.mem=16G", "cluster.mem='16G' cannot run: the nodes of partition gpu have 8192 MB"),
         (
             "cluster.partition=gpus",
-            "cluster.partition='gpus' cannot run: there is no partition 'gpus' (asked Slurm just now). HINT: pick one of: debug, gpu",
+            "cluster.partition='gpus' cannot run: there is no partition 'gpus' (asked Slurm just now). HINT: pick one of: all, debug, gpu",
         ),
         (
             "cluster.account=nosuch",

@@ -249,7 +249,7 @@ def test_logs_and_cancel(tmp_path: Path) -> None:
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
     assert (status["state"], status["done"], status["ok"]) == ("CANCELLED", True, False)
     slurm_out = cli("hpc_train.jobs", "logs", str(run_dir), "--slurm", cwd=tmp_path)
-    assert "[rank 0] rank table (4 ranks)" in slurm_out.stdout
+    assert "[rank 0] rank table (attempt 0, 4 ranks)" in slurm_out.stdout
     assert f"JOB {job_id} ON node1 CANCELLED" in slurm_out.stdout
 
 

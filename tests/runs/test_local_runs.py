@@ -34,7 +34,7 @@ def test_default_job(run_cli) -> None:  # type: ignore[no-untyped-def]
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("config.yaml", "metrics.jsonl", "model_final.pt", "logs/rank_0.log", "logs/rank_1.log"):
         assert (run_dir / name).is_file(), name
-    assert "rank table (2 ranks)" in proc.stderr
+    assert "rank table (attempt 0, 2 ranks)" in proc.stderr
     for rank in (0, 1):
         log = (run_dir / f"logs/rank_{rank}.log").read_text()
         assert "rank resolution: source=submitit-local (SUBMITIT_LOCAL_GLOBALID is set)" in log

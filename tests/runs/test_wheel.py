@@ -72,7 +72,7 @@ def test_default_job_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str
     out = sh(*argv, "hydra.run.dir=run", "trainer.progress_bar=false", cwd=tmp_path, env=clean_env())
     assert "job COMPLETED" in out or (tmp_path / "run" / "model_final.pt").is_file(), out[-2000:]
     assert (tmp_path / "run" / "model_final.pt").is_file()
-    assert "rank table (2 ranks)" in out
+    assert "rank table (attempt 0, 2 ranks)" in out
 
 
 @pytest.mark.parametrize("entry", ["hpc-train", "python -m hpc_train"])
