@@ -203,13 +203,31 @@ setup_network() {
     done
 }
 
+FRESH_CONTROLLER=0
+
 start_slurmctld() {
     if alive "$(pid_of "$STATE/run/slurmctld.pid")" slurmctld; then
         scontrol reconfigure >/dev/null
         return
     fi
     slurmctld -i
+    FRESH_CONTROLLER=1
     wait_for "slurmctld" 30 scontrol ping
+}
+
+# A controller started from saved state brings back the jobs of the last testbed, e.g. one whose machine was
+# snapshotted or rebooted mid-run. Their processes are gone, but they hold the nodes and the tests would queue
+# behind them, so cancel them. A controller that was already up keeps its jobs: `start` is idempotent.
+cancel_leftover_jobs() {
+    [ "$FRESH_CONTROLLER" = 1 ] || return 0
+    local jobs
+    jobs=$(squeue -h -o %A 2>/dev/null | tr '\n' ' ')
+    [ -n "${jobs// /}" ] || return 0
+    log "cancelling jobs left from the previous testbed: $jobs"
+    # shellcheck disable=SC2086  # one argument per job id
+    scancel --full --quiet $jobs 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while [ -n "$(squeue -h 2>/dev/null)" ] && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
 }
 
 start_slurmd() {
@@ -240,6 +258,7 @@ cmd_start() {
     setup_network
     start_slurmctld
     start_slurmd
+    cancel_leftover_jobs
     local deadline=$((SECONDS + 60))
     until nodes_idle; do
         # A node that was down (e.g. after a stop) returns with ReturnToService=2; nudge it if it lingers.
