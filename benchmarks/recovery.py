@@ -8,8 +8,8 @@
    end of the first optimizer step of the next attempt. 2 nodes x 2 ranks (+1 spare node for the kill),
    checkpoints every 10 steps, at step 40.
 2. ETTR of a run of --ettr-minutes with a rank killed at random every --mtbf-s (uniform in [0.5, 1.5] x mtbf)
-   beside the same run without faults, both 2 nodes x 1 rank, side by side on node1 and node2; each is
-   ended with scancel after the given minutes and read from its status/goodput.json.
+   and then the same run without faults, both 2 nodes x 1 rank on node1 and node2; each is ended with
+   scancel after the given minutes and read from its status/goodput.json.
 Prints the figures and writes results.json to --out.
 """
 
@@ -115,35 +115,40 @@ def latency_requeue(root: Path, i: int) -> float:
     return latency
 
 
-def ettr_pair(root: Path, minutes: float, mtbf_s: float, seed: int) -> dict[str, Any]:
-    """The same job with random kills and without, side by side for ``minutes``; their ledgers."""
-    shape = [*JOB, "cluster.tasks_per_node=1", "trainer.max_steps=10000000"]
-    faulty = RunDir(root / "ettr-faults")
-    clean = RunDir(root / "ettr-clean")
-    faulty_job = submit(faulty.path, *shape, "cluster.max_failures=1000", "cluster.max_stalled_failures=1000")
-    clean_job = submit(clean.path, *shape)
-    rng = random.Random(seed)
-    kills = []
+def run_for(rd: RunDir, shape: list[str], minutes: float, mtbf_s: float, rng: random.Random | None) -> int:
+    """Run the job for ``minutes``, killing a random live rank every ~``mtbf_s`` when ``rng`` is given, then
+    scancel it. Returns the number of kills."""
+    job = submit(rd.path, *shape)
+    kills = 0
     start = time.monotonic()
-    next_kill = start + rng.uniform(0.5, 1.5) * mtbf_s
+    next_kill = start + (rng.uniform(0.5, 1.5) * mtbf_s if rng else float("inf"))
     while time.monotonic() - start < minutes * 60:
         time.sleep(0.2)
-        if time.monotonic() < next_kill:
+        if rng is None or time.monotonic() < next_kill:
             continue
-        live = [s for s in faulty.read_statuses().values() if s.get("state") == "running" and s.get("step", 0) > 0]
+        live = [s for s in rd.read_statuses().values() if s.get("state") == "running" and s.get("step", 0) > 0]
         if live:
-            victim = rng.choice(live)
             try:
-                os.kill(int(victim["pid"]), signal.SIGKILL)
-                kills.append(time.time())
+                os.kill(int(rng.choice(live)["pid"]), signal.SIGKILL)
+                kills += 1
             except ProcessLookupError:
                 pass
         next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * mtbf_s
-    for job in (faulty_job, clean_job):
-        subprocess.run(["scancel", job], check=True, timeout=30)
-    for job in (faulty_job, clean_job):
-        wait_gone(job, 120)
-    return {"kills": len(kills), "faults": faulty.read_goodput(), "clean": clean.read_goodput()}
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    wait_gone(job, 120)
+    return kills
+
+
+def ettr_pair(root: Path, minutes: float, mtbf_s: float, seed: int) -> dict[str, Any]:
+    """The same job with random kills and without, one after the other, for ``minutes`` each; their ledgers.
+    Not side by side: each holds both nodes of the debug partition."""
+    shape = [*JOB, "cluster.tasks_per_node=1", "trainer.max_steps=10000000"]
+    faulty = RunDir(root / "ettr-faults")
+    clean = RunDir(root / "ettr-clean")
+    limits = ["cluster.max_failures=1000", "cluster.max_stalled_failures=1000"]
+    kills = run_for(faulty, [*shape, *limits], minutes, mtbf_s, random.Random(seed))
+    run_for(clean, shape, minutes, mtbf_s, None)
+    return {"kills": kills, "faults": faulty.read_goodput(), "clean": clean.read_goodput()}
 
 
 def main() -> None:
