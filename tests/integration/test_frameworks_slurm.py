@@ -96,10 +96,11 @@ def test_callback_survives_two_preemptions_bit_exact(tmp_path: Path, framework: 
     history = RunDir(run_dir).read_restarts()
     assert [h["signal"] for h in history] == [signal.SIGUSR2], history
     stopped = [h["stopped_step"] for h in history]
-    # Each attempt resumed exactly where the ranks agreed to stop (nothing redone), one or two steps after
-    # the step rank 0 had reached when the signal was sent.
+    # Each attempt resumed exactly where the ranks agreed to stop (nothing redone). The ranks stop one or two
+    # steps after the signal reaches them; it reaches them through slurmctld and slurmd, which on this busy
+    # 2-core machine can take a few 0.1 s steps after the step rank 0 had reached when scancel ran.
     assert starts == [0, *stopped], (starts, history)
-    assert all(0 <= s - a <= 2 for s, a in zip(stopped, at, strict=True)), (stopped, at)
+    assert all(0 <= s - a <= 4 for s, a in zip(stopped, at, strict=True)), (stopped, at)
     assert (run_dir / "logs" / "rank_3.restart1.log").exists()
     final, expected = (torch.load(p / "final.pt", weights_only=True) for p in (out, baseline))
     difference = max((final[k] - expected[k]).abs().max().item() for k in expected)
