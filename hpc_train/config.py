@@ -236,11 +236,12 @@ class ClusterConfig(_Checked):
     """Requeues in a row that may end without a new step; one more and requeueing stops with an error."""
     spare_nodes: int = 0
     """Spare nodes: the job asks Slurm for nodes + spare_nodes and trains on `nodes` of them. A node blamed for a
-    failure (a rank on it killed, the node lost, a frozen rank) is left out of the next attempt."""
+    failure (a rank on it killed, the node lost, a frozen rank) is left out of the next attempt. With spares the
+    job is submitted with --no-kill, so that a lost node does not end the allocation."""
     max_failures: int = 5
     """In-allocation restarts: after a failure worth retrying (a rank killed, a node lost, a collective error,
     a hang), the job starts training again in the same allocation, from the newest checkpoint, at most this
-    many times per job (0: a failure ends the job)."""
+    many times per allocation (0: a failure ends the job; a requeued job counts afresh)."""
     max_stalled_failures: int = 1
     """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
 

@@ -77,6 +77,11 @@ class _Progress:
         return self.first_time + (step - self.first_step) * self.step_s  # type: ignore[operator]
 
 
+def _allocation(attempt: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Which allocation an attempt ran in: the job id and Slurm's restart count (a requeue keeps the id)."""
+    return attempt.get("job_id"), attempt.get("requeue", 0)
+
+
 def _kept(progress: _Progress, attempt: Mapping[str, Any], after: Mapping[str, Any] | None) -> float | None:
     """The step the run kept from this attempt."""
     if not progress.stepped:
@@ -133,7 +138,7 @@ def ledger(
                 {
                     "after_attempt": attempt.get("attempt"),
                     "class": failure.get("kind"),
-                    "in_allocation": after.get("job_id") == attempt.get("job_id"),  # type: ignore[union-attr]
+                    "in_allocation": _allocation(after) == _allocation(attempt),  # type: ignore[arg-type]
                     "latency_s": round(after_progress.first_time - failed_at, 3),  # type: ignore[operator]
                 }
             )

@@ -303,6 +303,8 @@ class RunDir:
             "pid": os.getpid(),
             "time": time.time(),
         }
+        if os.environ.get(ATTEMPT_VARIABLE, "").isdigit():  # set by the Slurm supervisor for each training step
+            record["attempt"] = int(os.environ[ATTEMPT_VARIABLE])
         # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
         write_json_atomic(self.status_path(rank), {**record, **extra}, durable=False)
 

@@ -48,6 +48,10 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
+    if cluster.spare_nodes:
+        # A lost node must not end the allocation: the supervisor goes on with a spare. Without spares Slurm's
+        # default stays (the job ends on a node failure, and is requeued onto healthy nodes).
+        flags["no-kill"] = None
     if cluster.gpus_per_node and cluster.gpu_binding == "task":
         flags["gpus-per-task"] = "1"
     elif cluster.gpus_per_node:

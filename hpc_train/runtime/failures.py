@@ -26,17 +26,30 @@ __all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"
 RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
 FATAL_KINDS = ("repeated_exception", "import", "config")
 
-_TASK_LINE = re.compile(r"srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
+# srun's own lines only: a task's output never starts with "srun:" (srun prefixes nothing to it).
+_TASK_LINE = re.compile(r"^srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
 _NODE_LINE = re.compile(
-    r"(?:[Nn]ode failure on|launch failed on node|Unable to contact slurm controller.*node|"
+    r"^srun: (?:error|warning|fatal): .*?(?:[Nn]ode failure on|launch failed on node|"
     r"Communication connection failure.*?on) (?P<host>[A-Za-z0-9_.\-\[\]]+)"
 )
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError"}
 _CONFIG_ERRORS = {"ConfigError", "ConfigAttributeError", "ConfigKeyError", "ValidationError", "MissingMandatoryValue"}
 _COLLECTIVE_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+# Errors a collective raises as plain types. Only their messages are read for the words below, so that a user's
+# own KeyError('restore') or ValueError('timeout must be > 0') stays an exception, and repeats are fatal.
+_COLLECTIVE_CARRIERS = {
+    "RuntimeError",
+    "ConnectionError",
+    "ConnectionResetError",
+    "ConnectionAbortedError",
+    "ConnectionRefusedError",
+    "BrokenPipeError",
+    "TimeoutError",
+    "OSError",
+}
 _COLLECTIVE_WORDS = re.compile(
-    r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|timed out|timeout|rendezvous|socket|"
-    r"closed by peer|unable to (?:write|read)|store",
+    r"\b(?:gloo|nccl|c10d|tcpstore|rendezvous)\b|connection (?:reset|closed|refused)|broken pipe|"
+    r"closed by peer|connection timed out|\bsocket (?:timeout|timed out|closed)|unable to (?:write|read) from",
     re.IGNORECASE,
 )
 _EXCEPTION_LINE = re.compile(
@@ -149,7 +162,7 @@ def _error_kind(error: str, traceback: str) -> tuple[str, str]:
         return "import", error
     if type_name in _CONFIG_ERRORS:
         return "config", error
-    if type_name in _COLLECTIVE_ERRORS or _COLLECTIVE_WORDS.search(error):
+    if type_name in _COLLECTIVE_ERRORS or (type_name in _COLLECTIVE_CARRIERS and _COLLECTIVE_WORDS.search(error)):
         return "collective", error
     return "exception", error
 
@@ -191,7 +204,13 @@ def _classify(statuses: Mapping[int, Mapping[str, Any]], srun: SrunReport, exit_
         host, rank, what = srun.task_exits[0]
         status = statuses.get(rank)
         if _state(status) == failed and status is not None:
-            return _from_status(rank, status, statuses)
+            failure = _from_status(rank, status, statuses)
+            silent = _silent_hosts(statuses)
+            if failure.kind == "collective" and silent:
+                # srun saw the peer's error first; the cause is a rank that died without a word.
+                error = f"ranks ended without reporting; the others then failed: {failure.error}"
+                return Failure("killed", None, silent[0], error, failure.traceback, failure.step, silent)
+            return failure
         step = status.get("step") if status else None
         error = f"the process ended without reporting an error: {what}"
         return Failure("killed", rank, host, error, "", step if isinstance(step, int) else None, (host,))

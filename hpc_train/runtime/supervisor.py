@@ -29,7 +29,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +52,12 @@ EXIT_GAVE_UP = 87
 node is left."""
 STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.srun_wait_s before the supervisor ends it."""
+LAUNCH_GRACE_S = 120
+"""How long, beyond trainer.preflight_timeout_s, a step may go without any rank writing its first status
+before the supervisor ends srun (it never got its tasks running: a node that cannot start them, a step that
+Slurm keeps waiting)."""
+SRUN_LINES = 500
+LINE_LIMIT = 4096
 
 
 def _say(message: str, stream: IO[str] | None = None) -> None:
@@ -96,23 +103,37 @@ def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str)
 
 
 class _Step:
-    """One srun: its stderr is copied through line by line and kept for ``SrunReport``."""
+    """One srun. Its stderr is copied through byte for byte (a progress bar's carriage returns included) and
+    srun's own lines (``srun: ...``) are kept, the latest ``SRUN_LINES``, for ``SrunReport``."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str]) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace")
+        self.lines: deque[str] = deque(maxlen=SRUN_LINES)
+        self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE)
         self._reader = threading.Thread(target=self._copy, args=(self.proc.stderr,), daemon=True)
         self._reader.start()
 
-    def _copy(self, stream: IO[str]) -> None:
-        for line in stream:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            self.lines.append(line)
+    def _copy(self, stream: IO[bytes]) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        partial = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+            *complete, partial = (partial + chunk).split(b"\n")
+            partial = partial[-LINE_LIMIT:]  # a progress bar redraws without a newline for as long as it runs
+            self.lines.extend(line.decode(errors="replace") for line in complete if line.startswith(b"srun:"))
+        if partial.startswith(b"srun:"):
+            self.lines.append(partial.decode(errors="replace"))
 
-    def wait(self, signals: StopSignals, grace_s: float) -> int:
-        """srun's exit status; after a stop signal, srun gets ``grace_s`` before it is ended."""
+    def wait(self, signals: StopSignals, grace_s: float, started: Callable[[], bool], launch_s: float) -> int:
+        """srun's exit status. After a stop signal srun gets ``grace_s`` before it is ended; when no rank has
+        ``started()`` within ``launch_s`` (the step never launched), it is ended too."""
+        began = time.monotonic()
         signalled_at: float | None = None
+        launched = False
         while True:
             try:
                 code = self.proc.wait(timeout=1.0)
@@ -123,15 +144,26 @@ class _Step:
                 signalled_at = time.monotonic()
             if signalled_at is not None and time.monotonic() - signalled_at > grace_s:
                 _say(f"srun still runs {grace_s:.0f}s after signal {signals.received}; ending it")
-                self.proc.terminate()
-                try:
-                    code = self.proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    code = self.proc.wait()
+                code = self._end()
+                break
+            launched = launched or started()
+            if not launched and signalled_at is None and time.monotonic() - began > launch_s:
+                _say(f"no rank of the step started within {launch_s:.0f}s; ending srun")
+                self.launch_timed_out = True
+                code = self._end()
                 break
         self._reader.join(timeout=10)
         return code
+
+    launch_timed_out = False
+
+    def _end(self) -> int:
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=15)
 
 
 def _made_progress(entry: Mapping[str, Any]) -> bool:
@@ -158,19 +190,59 @@ class Supervisor:
         self.job_id = environ.get("SLURM_JOB_ID", "")
         if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
             self.job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+        # `scontrol requeue` keeps the job id: an allocation is the job id and Slurm's restart count.
+        self.requeue = int(environ.get("SLURM_RESTART_COUNT") or 0)
         self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT])
         self.python = self.cluster.python or sys.executable
 
     # ---- the ledger ---------------------------------------------------------------------------------------
 
+    def _mine(self, entry: Mapping[str, Any] | None) -> bool:
+        """Whether an allocation or attempt entry belongs to this allocation."""
+        return entry is not None and (entry.get("job_id"), entry.get("requeue", 0)) == (self.job_id, self.requeue)
+
     def _begin_allocation(self) -> None:
+        self._close_abandoned()
         allocations = self.rd.read_allocations()
-        allocations.append({"job_id": self.job_id, "nodes": self.allocation, "start": time.time(), "end": None})
+        allocations.append(
+            {
+                "job_id": self.job_id,
+                "requeue": self.requeue,
+                "nodes": self.allocation,
+                "start": time.time(),
+                "end": None,
+            }
+        )
         self.rd.write_allocations(allocations)
+
+    def _close_abandoned(self) -> None:
+        """Close what an earlier batch step left open: it was killed before it could (Slurm ended the job on a
+        node failure, a KillWait ran out). Each ends at the last time it is known to have been alive, so that
+        the ledger does not count it as running until now."""
+        attempts = self.rd.read_attempts()
+        last_seen = 0.0
+        for i, entry in enumerate(attempts):
+            if entry.get("end") is None:
+                progress = entry.get("progress") or (self.rd.read_progress(0) if i == len(attempts) - 1 else {})
+                if float(progress.get("first_time") or 0) < float(entry.get("start") or 0):
+                    progress = {}  # an earlier attempt's: this one never made a step
+                seen = [entry.get("start"), progress.get("time"), progress.get("checkpoint_time")]
+                entry["end"] = max(t for t in seen if isinstance(t, (int, float)))
+                entry["progress"] = progress
+                entry["outcome"] = "lost"
+                entry["message"] = "its batch step ended before it could record how the attempt ended"
+                write_json_atomic(self.rd.attempts, attempts)
+            last_seen = max(last_seen, float(entry["end"]))
+        allocations = self.rd.read_allocations()
+        open_ones = [a for a in allocations if a.get("end") is None]
+        for allocation in open_ones:
+            allocation["end"] = max(float(allocation.get("start") or 0.0), last_seen)
+        if open_ones:
+            self.rd.write_allocations(allocations)
 
     def _end_allocation(self) -> None:
         allocations = self.rd.read_allocations()
-        if allocations and allocations[-1].get("job_id") == self.job_id:
+        if allocations and self._mine(allocations[-1]):
             allocations[-1]["end"] = time.time()
             self.rd.write_allocations(allocations)
         self._write_goodput()
@@ -205,7 +277,7 @@ class Supervisor:
             bad = [str(e.get("host")) for e in self.rd.read_bad_nodes()]
             nodes = pick_nodes(self.allocation, bad, self.cluster)
             if isinstance(nodes, str):
-                return self._give_up(last, nodes)
+                return self._give_up(last if self._mine(last) else None, nodes)
             if self.signals.received:
                 _say(f"signal {self.signals.received} came before attempt {number}; not starting it")
                 return 0
@@ -234,6 +306,7 @@ class Supervisor:
         entry: dict[str, Any] = {
             "attempt": number,
             "job_id": self.job_id,
+            "requeue": self.requeue,
             "nodes": nodes,
             "start": time.time(),
             "end": None,
@@ -245,9 +318,12 @@ class Supervisor:
         argv = step_argv(self.rd, self.cluster, nodes, self.python)
         _say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
         step = _Step(argv, {**self.environ, ATTEMPT_VARIABLE: str(number)})
-        code = step.wait(self.signals, self.cluster.srun_wait_s + STOP_GRACE_S)
+        launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
+        code = step.wait(
+            self.signals, self.cluster.srun_wait_s + STOP_GRACE_S, lambda: bool(self._statuses(number)), launch_s
+        )
         entry.update(end=time.time(), exit_code=code, progress=self.rd.read_progress(0))
-        statuses = self.rd.read_statuses()
+        statuses = self._statuses(number)
         if all_ranks(statuses, self.cluster.world_size, RankState.COMPLETED):
             entry["outcome"] = "completed"
         elif self._stopped(statuses):
@@ -256,12 +332,20 @@ class Supervisor:
             attempts = self.rd.read_attempts()
             previous = attempts[-2].get("failure") if len(attempts) > 1 else None
             failure = classify(statuses, SrunReport.parse(step.lines), code, previous)
+            if step.launch_timed_out:
+                error = f"no rank of the step started within {launch_s:.0f}s; the supervisor ended srun"
+                failure = Failure("unknown", None, "", error, "", None)
             entry["outcome"] = "failed"
             entry["failure"] = failure.as_dict() | {"describe": failure.describe()}
             _log_failure(failure)
         self._save_attempt(entry)
         self._write_goodput()
         return entry
+
+    def _statuses(self, attempt: int) -> dict[int, dict[str, Any]]:
+        """The ranks' statuses from this attempt: a rank of an earlier one that outlived its step (on a node
+        cut off from Slurm) may still write its own."""
+        return {r: s for r, s in self.rd.read_statuses().items() if s.get("attempt", attempt) == attempt}
 
     def _stopped(self, statuses: Mapping[int, Mapping[str, Any]]) -> bool:
         """The step ended on a stop signal: this batch step got one (scancel, Slurm's requeue), or the ranks
@@ -277,7 +361,7 @@ class Supervisor:
 
     def _refusal(self) -> str | None:
         attempts = self.rd.read_attempts()
-        here = [a for a in attempts if a.get("job_id") == self.job_id and a.get("failure")]
+        here = [a for a in attempts if self._mine(a) and a.get("failure")]
         if len(here) > self.cluster.max_failures:
             return (
                 f"not restarted: {len(here)} failures in this job (cluster.max_failures={self.cluster.max_failures})."

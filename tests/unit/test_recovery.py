@@ -12,7 +12,7 @@ import pytest
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.goodput import ledger
-from hpc_train.core.rundir import RunDir
+from hpc_train.core.rundir import RunDir, write_json_atomic
 from hpc_train.launch.sbatch import sbatch_flags
 from hpc_train.runtime.failures import SrunReport, classify
 from hpc_train.runtime.supervisor import _made_progress, pick_nodes, step_argv
@@ -94,7 +94,8 @@ def test_a_killed_rank_is_the_cause_not_the_peers_it_took_down() -> None:
     ],
 )
 def test_reported_errors_are_classed(error: str, traceback: str, kind: str, retryable: bool) -> None:
-    statuses = {0: running(0, "node1"), 1: failed(1, "node1", error, traceback=traceback)}
+    stopped = running(0, "node1") | {"state": "stopped"}  # srun's SIGTERM after rank 1 failed
+    statuses = {0: stopped, 1: failed(1, "node1", error, traceback=traceback)}
     failure = classify(statuses, SrunReport.parse(["srun: error: node1: task 1: Exited with exit code 1\n"]), 1)
     assert (failure.kind, failure.retryable, failure.rank) == (kind, retryable, 1)
 
@@ -211,3 +212,199 @@ def test_ledger_of_a_restart_in_the_allocation() -> None:
     # While the allocation still runs, "now" closes it.
     assert ledger([{"job_id": "7", "start": 0.0, "end": None}], [], now=50.0)["wall_s"] == 50.0
     assert ledger([], [])["ettr"] == 0.0
+
+
+# ---- the restart loop, with a stand-in for srun --------------------------------------------------------------
+
+FAKE_SRUN = """\
+import json, os, sys, time
+from pathlib import Path
+from hpc_train.core.rundir import RunDir, write_json_atomic
+argv = sys.argv[1:]
+rd = RunDir(Path(argv[argv.index("--run-dir") + 1]))
+calls = os.path.join(os.environ["FAKE_SRUN_DIR"], "calls.jsonl")
+with open(calls, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+n = sum(1 for _ in open(calls)) - 1
+plan = json.load(open(os.path.join(os.environ["FAKE_SRUN_DIR"], "plan.json")))[n]
+time.sleep(plan.get("sleep", 0))
+attempt = int(os.environ["HPC_TRAIN_ATTEMPT"])
+for rank, status in plan.get("statuses", {}).items():
+    write_json_atomic(rd.status_path(int(rank)), {"rank": int(rank), "time": time.time(), "attempt": attempt, **status})
+if "progress" in plan:
+    rd.write_progress(0, {k: (time.time() if v == "now" else v) for k, v in plan["progress"].items()})
+for line in plan.get("stderr", []):
+    print(line, file=sys.stderr)
+sys.exit(plan.get("code", 0))
+"""
+
+
+def supervised(tmp_path: Path, plan: list[dict[str, object]], **cluster: object) -> tuple[int, RunDir, list[list[str]]]:
+    """Run the supervisor on a 3-node allocation (2 training nodes) with srun replaced by ``plan``: one entry
+    per srun call (the rank statuses it leaves, rank 0's progress, srun's stderr lines, its exit code)."""
+    import json
+    import os
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from hpc_train.runtime.supervisor import supervise
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(parents=True)
+    srun = bindir / "srun"
+    srun.write_text(f"#!{sys.executable}\n{FAKE_SRUN}")
+    srun.chmod(0o755)
+    (bindir / "plan.json").write_text(json.dumps(plan))
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True, exist_ok=True)
+    settings = {"launcher": "slurm", "nodes": 2, "tasks_per_node": 1, "spare_nodes": 1, **cluster}
+    saved = {"model": {"name": "mlp"}, "optim": {"name": "adamw"}, "trainer": {"preflight_timeout_s": 1}}
+    OmegaConf.save({"cluster": settings, **saved}, rd.config)
+    environ = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "FAKE_SRUN_DIR": str(bindir),
+        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_JOB_ID": "9",
+    }
+    code = supervise(rd, environ)
+    calls_file = bindir / "calls.jsonl"
+    calls = [json.loads(line) for line in calls_file.read_text().splitlines()] if calls_file.exists() else []
+    return code, rd, calls
+
+
+def nodelist(call: list[str]) -> str:
+    return next(a for a in call if a.startswith("--nodelist=")).split("=", 1)[1]
+
+
+RUN = {"state": "running", "step": 35}
+DONE = {"state": "completed", "step": 70}
+STEPPED = {"first_step": 1, "first_time": "now", "step": 35, "time": "now", "checkpoint_step": 30}
+
+
+def kill_on(host: str, rank: int, progress: dict[str, object] | None = None) -> dict[str, object]:
+    plan: dict[str, object] = {
+        "statuses": {"0": {**RUN, "host": "node1"}, str(rank): {**RUN, "host": host}},
+        "stderr": [f"srun: error: {host}: task {rank}: Killed"],
+        "code": 137,
+    }
+    if progress is not None:
+        plan["progress"] = progress
+    return plan
+
+
+def test_a_killed_rank_is_restarted_on_the_spare(tmp_path: Path) -> None:
+    done = {"statuses": {"0": {**DONE, "host": "node1"}, "1": {**DONE, "host": "node3"}}, "progress": STEPPED}
+    code, rd, calls = supervised(tmp_path, [kill_on("node2", 1, STEPPED), done])
+    assert code == 0
+    assert [nodelist(c) for c in calls] == ["node1,node2", "node1,node3"]
+    attempts = rd.read_attempts()
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(0, "failed"), (1, "completed")]
+    assert attempts[0]["failure"]["kind"] == "killed" and attempts[0]["failure"]["suspects"] == ["node2"]
+    assert [e["host"] for e in rd.read_bad_nodes()] == ["node2"]
+    book = rd.read_goodput()
+    assert book["attempts"] == 2 and book["restarts"][0]["in_allocation"] is True
+    assert rd.read_allocations()[0]["end"] is not None
+
+
+def test_the_same_exception_twice_ends_the_job_as_fatal(tmp_path: Path) -> None:
+    boom = {
+        "statuses": {"1": {"state": "failed", "host": "node2", "error": "KeyError: 'restore_state'", "failed_step": 5}},
+        "stderr": ["srun: error: node2: task 1: Exited with exit code 1"],
+        "code": 1,
+    }
+    code, rd, calls = supervised(tmp_path, [boom, boom, boom])
+    assert code == 86 and len(calls) == 2  # no third attempt
+    last = rd.read_attempts()[-1]
+    assert last["outcome"] == "fatal" and last["failure"]["kind"] == "repeated_exception"
+    assert rd.read_bad_nodes() == []  # a Python error blames no node
+
+
+def test_the_limits_end_a_crash_loop(tmp_path: Path) -> None:
+    progressing = [kill_on("node1", 0, STEPPED)] * 4
+    code, rd, calls = supervised(tmp_path, progressing, spare_nodes=0, max_failures=2)
+    assert code == 87 and len(calls) == 3  # two restarts, then no more
+    assert [nodelist(c) for c in calls] == ["node1,node2"] * 3  # without spares the node is used again
+    assert "cluster.max_failures=2" in rd.read_attempts()[-1]["message"]
+    code, rd, calls = supervised(tmp_path / "stalled", [kill_on("node1", 0)] * 4, spare_nodes=0)
+    assert code == 87 and len(calls) == 2
+    assert "max_stalled_failures=1" in rd.read_attempts()[-1]["message"]
+
+
+def test_no_healthy_node_left_ends_the_job(tmp_path: Path) -> None:
+    plan = [kill_on("node2", 1, STEPPED), kill_on("node3", 1, STEPPED), kill_on("node1", 0, STEPPED)]
+    code, rd, calls = supervised(tmp_path, plan, max_stalled_failures=5)
+    assert code == 87 and len(calls) == 2
+    assert "no healthy node left" in rd.read_attempts()[-1]["message"]
+
+
+def test_a_step_whose_ranks_never_start_is_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_train.runtime import supervisor
+
+    monkeypatch.setattr(supervisor, "LAUNCH_GRACE_S", 1)
+    done = {"statuses": {"0": {**DONE, "host": "node1"}, "1": {**DONE, "host": "node2"}}}
+    code, rd, calls = supervised(tmp_path, [{"sleep": 60}, done], spare_nodes=0)
+    assert code == 0 and len(calls) == 2
+    failure = rd.read_attempts()[0]["failure"]
+    assert failure["kind"] == "unknown" and "no rank of the step started within 2s" in failure["error"]
+
+
+def test_what_a_killed_batch_step_left_open_is_closed(tmp_path: Path) -> None:
+    """A batch step killed with its job (a node failure without --no-kill) leaves its allocation and attempt
+    open; the next allocation closes them at the last sign of life, so they do not count until now."""
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    rd.write_allocations([{"job_id": "9", "start": 100.0, "end": None}])
+    write_json_atomic(rd.attempts, [{"attempt": 0, "job_id": "9", "start": 101.0, "end": None, "outcome": "running"}])
+    abandoned = {"first_step": 1, "first_time": 110.0, "step": 50, "time": 160.0}
+    rd.write_progress(0, abandoned | {"checkpoint_step": 40, "checkpoint_time": 150.0})
+    done = {
+        "statuses": {"0": {**DONE, "host": "node1"}, "1": {**DONE, "host": "node2"}},
+        "progress": {"first_step": 41, "first_time": "now", "step": 70, "time": "now"},
+    }
+    code, rd, _ = supervised(tmp_path, [done])
+    assert code == 0
+    first = rd.read_attempts()[0]
+    assert (first["outcome"], first["end"]) == ("lost", 160.0)
+    allocations = rd.read_allocations()
+    assert allocations[0]["end"] == 160.0 and len(allocations) == 2
+    book = rd.read_goodput()
+    # Kept up to the checkpoint of step 40 (at 150), from when step 1 began (110 - one 50/49 s step).
+    assert book["per_attempt"][0]["productive_s"] == pytest.approx(150.0 - (110.0 - 50 / 49), abs=0.01)
+    assert book["wall_s"] < 60 + 30  # the first allocation counts 60 s, not until now
+
+
+def test_user_errors_that_mention_networking_words_stay_exceptions() -> None:
+    for error in ("KeyError: 'restore_state'", "FileNotFoundError: /datastore/x.bin", "ValueError: timeout < 0"):
+        statuses = {1: failed(1, "node1", error)}
+        failure = classify(statuses, SrunReport.parse(["srun: error: node1: task 1: Exited with exit code 1"]), 1)
+        assert failure.kind == "exception", error
+
+
+def test_only_srun_speaks_for_srun() -> None:
+    """A task printing srun-like text is not taken for srun's own report."""
+    report = SrunReport.parse(["my log: Node failure on node2\n", "  srun: error: node1: task 0: Killed\n"])
+    assert report.lost_nodes == [] and report.task_exits == []
+
+
+def test_a_collective_error_seen_first_still_blames_the_rank_that_died_silently() -> None:
+    statuses = {0: failed(0, "node1", "RuntimeError: [gloo] Connection closed by peer"), 1: running(1, "node2")}
+    report = SrunReport.parse(["srun: error: node1: task 0: Exited with exit code 1\n"])
+    failure = classify(statuses, report, 1)
+    assert (failure.kind, failure.suspects) == ("killed", ("node2",))
+
+
+def test_a_requeue_is_not_an_in_allocation_restart() -> None:
+    failed_attempt = {
+        "attempt": 0,
+        "job_id": "7",
+        "start": 0.0,
+        "end": 10.0,
+        "failure": {"kind": "killed"},
+        "progress": {"first_step": 1, "first_time": 2.0, "step": 8, "time": 9.0},
+    }
+    after = {"attempt": 1, "job_id": "7", "requeue": 1, "start": 20.0, "end": 30.0, "outcome": "completed"}
+    after["progress"] = {"first_step": 9, "first_time": 25.0, "step": 20, "time": 29.0}
+    book = ledger([{"job_id": "7", "start": 0.0, "end": 10.0}], [failed_attempt, after], now=40.0)
+    assert book["restarts"][0]["in_allocation"] is False
