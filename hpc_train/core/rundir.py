@@ -54,6 +54,11 @@ def _read_list(path: Path) -> list[dict[str, Any]]:
     return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
+def _read_dict(path: Path) -> dict[str, Any]:
+    record = read_json(path)
+    return record if isinstance(record, dict) else {}
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Paths inside one run directory, and the readers and writers of its files."""
@@ -78,8 +83,7 @@ class RunDir:
         return self.path / JOB_RECORD
 
     def read_job_record(self) -> dict[str, Any]:
-        record = read_json(self.job_record)
-        return record if isinstance(record, dict) else {}
+        return _read_dict(self.job_record)
 
     def write_job_record(self, record: dict[str, Any]) -> None:
         write_json_atomic(self.job_record, record)
@@ -211,10 +215,8 @@ class RunDir:
     def read_attempts(self) -> list[dict[str, Any]]:
         return _read_list(self.attempts)
 
-    def append_attempt(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
-        history = [*self.read_attempts(), entry]
-        write_json_atomic(self.attempts, history)
-        return history
+    def write_attempts(self, attempts: list[dict[str, Any]]) -> None:
+        write_json_atomic(self.attempts, attempts)
 
     @property
     def allocations(self) -> Path:
@@ -246,8 +248,7 @@ class RunDir:
         return self.status_dir / "goodput.json"
 
     def read_goodput(self) -> dict[str, Any]:
-        record = read_json(self.goodput)
-        return record if isinstance(record, dict) else {}
+        return _read_dict(self.goodput)
 
     @property
     def restarts(self) -> Path:
@@ -279,8 +280,7 @@ class RunDir:
         return self.status_dir / f"progress_{rank}.json"
 
     def read_progress(self, rank: int) -> dict[str, Any]:
-        record = read_json(self.progress(rank))
-        return record if isinstance(record, dict) else {}
+        return _read_dict(self.progress(rank))
 
     def write_progress(self, rank: int, record: dict[str, Any]) -> None:
         write_json_atomic(self.progress(rank), record, durable=False)
@@ -291,8 +291,7 @@ class RunDir:
         return self.path / BATCH_EXIT
 
     def read_batch_exit(self) -> dict[str, Any]:
-        record = read_json(self.batch_exit)
-        return record if isinstance(record, dict) else {}
+        return _read_dict(self.batch_exit)
 
     def write_status(self, rank: int, state: RankState | str, **extra: Any) -> None:
         """Record a rank's state with its host and pid (a string must name a RankState)."""

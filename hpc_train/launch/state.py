@@ -101,10 +101,9 @@ def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
     return [str(f) for f in failures if not f.reported] + missing + [str(f) for f in failures if f.reported]
 
 
-def attempts_note(run_dir: RunDir) -> str:
-    """What the supervisor says about the attempts: the attempt running, the failures retried, and a fatal
-    failure or the limit that ended the job (empty for a run without a supervisor)."""
-    attempts = run_dir.read_attempts()
+def attempts_note(attempts: list[dict[str, Any]]) -> str:
+    """What the supervisor says about the attempts (``RunDir.read_attempts``): the attempt running, the failures
+    retried, and a fatal failure or the limit that ended the job (empty for a run without a supervisor)."""
     if not attempts:
         return ""
     last = attempts[-1]
@@ -135,24 +134,20 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     def verdict(state: str, done: bool, ok: bool = False, detail: str = "") -> JobState:
         return replace(base, state=state, done=done, ok=ok, detail=detail)
 
+    attempts = run_dir.read_attempts()
+    notes = [attempts_note(attempts)] if attempts else []
     if all_ranks(statuses, world_size, RankState.COMPLETED):
-        note = attempts_note(run_dir) if len(run_dir.read_attempts()) > 1 else ""
-        return verdict(
-            "COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *[note][: bool(note)]])
-        )
+        retried = notes if len(attempts) > 1 else []
+        return verdict("COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *retried]))
     failures = _reported_failures(statuses)
-    note = attempts_note(run_dir)
     if squeue in ACTIVE_STATES:
-        detail = "; ".join([note, *failures] if note else failures)
-        return verdict(squeue, done=False, ok=False, detail=detail)
+        return verdict(squeue, done=False, ok=False, detail="; ".join([*notes, *failures]))
     if squeue == UNREACHABLE and sacct is None:
         detail = "; ".join(["squeue could not reach slurmctld and sacct gave nothing", *failures])
         return verdict("UNKNOWN", done=False, detail=detail)
     scheduler = sacct if squeue in (None, UNREACHABLE) else squeue
     batch = run_dir.read_batch_exit()
-    reasons = _reasons(statuses, world_size)
-    if note:
-        reasons.insert(0, note)
+    reasons = [*notes, *_reasons(statuses, world_size)]
     if "exit_code" in batch:
         reasons.append(f"the job script exited with status {batch['exit_code']}")
     if scheduler is not None:

@@ -220,9 +220,11 @@ class Supervisor:
         node failure, a KillWait ran out). Each ends at the last time it is known to have been alive, so that
         the ledger does not count it as running until now."""
         attempts = self.rd.read_attempts()
+        abandoned = False
         last_seen = 0.0
         for i, entry in enumerate(attempts):
             if entry.get("end") is None:
+                abandoned = True
                 progress = entry.get("progress") or (self.rd.read_progress(0) if i == len(attempts) - 1 else {})
                 if float(progress.get("first_time") or 0) < float(entry.get("start") or 0):
                     progress = {}  # an earlier attempt's: this one never made a step
@@ -231,8 +233,9 @@ class Supervisor:
                 entry["progress"] = progress
                 entry["outcome"] = "lost"
                 entry["message"] = "its batch step ended before it could record how the attempt ended"
-                write_json_atomic(self.rd.attempts, attempts)
             last_seen = max(last_seen, float(entry["end"]))
+        if abandoned:
+            self.rd.write_attempts(attempts)
         allocations = self.rd.read_allocations()
         open_ones = [a for a in allocations if a.get("end") is None]
         for allocation in open_ones:
@@ -256,7 +259,7 @@ class Supervisor:
             attempts[-1] = entry
         else:
             attempts.append(entry)
-        write_json_atomic(self.rd.attempts, attempts)
+        self.rd.write_attempts(attempts)
 
     # ---- the loop -----------------------------------------------------------------------------------------
 

@@ -93,22 +93,20 @@ def _state(run_dir: RunDir) -> JobState:
     return job_state(run_dir, _world_size(run_dir))
 
 
-def _goodput(run_dir: RunDir) -> dict[str, Any]:
+def _goodput(run_dir: RunDir, attempts: list[dict[str, Any]]) -> dict[str, Any]:
     """The goodput ledger, brought up to now while the job runs (the supervisor writes it at each attempt's
     start and end; the running attempt's progress is on disk)."""
     from hpc_train.core.goodput import ledger
 
-    attempts = run_dir.read_attempts()
     if not attempts:
         return {}
     if attempts[-1].get("end") is None:
-        attempts[-1] = {**attempts[-1], "progress": run_dir.read_progress(0)}
+        attempts = [*attempts[:-1], {**attempts[-1], "progress": run_dir.read_progress(0)}]
     return ledger(run_dir.read_allocations(), attempts)
 
 
-def _failure_tail(run_dir: RunDir, lines: int = 8) -> str:
+def _failure_tail(run_dir: RunDir, attempts: list[dict[str, Any]], lines: int = 8) -> str:
     """The last failure's class, rank, host and traceback tail, for a job whose supervisor recorded one."""
-    attempts = run_dir.read_attempts()
     failure = (attempts[-1].get("failure") or {}) if attempts else {}
     if not failure:
         return ""
@@ -122,14 +120,15 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     for rd in runs:
         state = _state(rd)
         step = max((int(s.get("step", 0)) for s in state.ranks.values()), default=0)
-        goodput = _goodput(rd)
         attempts = rd.read_attempts()
+        goodput = _goodput(rd, attempts)
         attempt = attempts[-1].get("attempt") if attempts else None
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
         lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
         rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, state.detail or "-"])
-        if not state.ok and _failure_tail(rd):
-            failures.append(_failure_tail(rd))
+        tail = "" if state.ok else _failure_tail(rd, attempts)
+        if tail:
+            failures.append(tail)
         records.append(
             {
                 "run_dir": str(rd.path),

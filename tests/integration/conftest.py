@@ -54,10 +54,22 @@ def wait_for_job(job_id: str, timeout: float = 180) -> str:
         time.sleep(0.5)
 
 
-def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGS`` in ``cwd``, with ``env`` added to this process's environment."""
     import sys
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+        [sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=environ, timeout=timeout
     )
+
+
+def submit_job(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """``python -m hpc_train ARGS`` into ``run_dir`` (from its parent folder); the Slurm job id it recorded."""
+    from hpc_train.core.rundir import RunDir, read_json
+
+    proc = cli("hpc_train", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(read_json(RunDir(run_dir).job_record)["job_id"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import assert_bitwise_equal
-from .conftest import SLURM_2X2, cli, wait_for_job
+from .conftest import SLURM_2X2, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -35,15 +34,7 @@ JOB = [
 
 
 def submit(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
-    old = dict(os.environ)
-    os.environ.update(env or {})
-    try:
-        proc = cli("hpc_train", *JOB, *extra, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return str(read_json(RunDir(run_dir).job_record)["job_id"])
+    return submit_job(run_dir, *JOB, *extra, env=env)
 
 
 @pytest.fixture(scope="module")

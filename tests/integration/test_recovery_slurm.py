@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import REPO, assert_bitwise_equal
-from .conftest import cli, wait_for_job
+from .conftest import cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -45,19 +44,6 @@ JOB = [
     "trainer.progress_bar=false",
 ]
 LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
-
-
-def submit(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_train", *args, f"hydra.run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        cwd=run_dir.parent,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return str(read_json(RunDir(run_dir).job_record)["job_id"])
 
 
 def slurm_job(job_id: str) -> dict[str, str]:
@@ -98,10 +84,10 @@ def status_of(run_dir: Path) -> dict[str, object]:
 def test_killed_rank_restarts_on_the_spare_node_exactly(tmp_path: Path) -> None:
     baseline = tmp_path / "baseline" / "run"
     baseline.parent.mkdir()
-    base_id = submit(baseline, *JOB, "cluster.partition=all")  # queued behind the spare job, or beside it
+    base_id = submit_job(baseline, *JOB, "cluster.partition=all")  # queued behind the spare job, or beside it
     run_dir = tmp_path / "spare" / "run"
     run_dir.parent.mkdir()
-    job_id = submit(run_dir, *JOB, "cluster.partition=all", "cluster.spare_nodes=1")
+    job_id = submit_job(run_dir, *JOB, "cluster.partition=all", "cluster.spare_nodes=1")
     killed_at, rank = kill_on(run_dir, "node2", 40)
     assert wait_for_job(job_id, timeout=300) == "COMPLETED"
     assert slurm_job(job_id)["Restarts"] == "0"  # no requeue: the same job, never back in the queue
@@ -138,7 +124,7 @@ def test_lost_node_is_replaced_by_the_spare(tmp_path: Path) -> None:
     node that stops answering). With --no-kill the allocation survives; the next attempt runs on node1 and
     node3, and the job completes without a requeue."""
     run_dir = tmp_path / "run"
-    job_id = submit(run_dir, *JOB, "cluster.partition=all", "cluster.spare_nodes=1", "cluster.submit=sbatch")
+    job_id = submit_job(run_dir, *JOB, "cluster.partition=all", "cluster.spare_nodes=1", "cluster.submit=sbatch")
     assert "#SBATCH --no-kill" in (run_dir / "job.sbatch").read_text()
     rd = RunDir(run_dir)
     deadline = time.monotonic() + 180
@@ -169,7 +155,7 @@ def test_killed_script_rank_without_spare_reuses_the_node(tmp_path: Path) -> Non
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     args = ",".join(["--out", str(out), "--steps", "150", "--sleep", "0.03", "--no-integration"])
-    job_id = submit(
+    job_id = submit_job(
         run_dir,
         "cluster=slurm",
         "cluster.nodes=2",
@@ -208,7 +194,7 @@ def fault_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str,
         ("raise", "rank=1,step=8,kind=raise", []),
     ):
         run_dir = tmp_path_factory.mktemp(name) / "run"
-        jobs[name] = (submit(run_dir, *small, *extra, env={"HPC_TRAIN_FAULT": fault}), run_dir)
+        jobs[name] = (submit_job(run_dir, *small, *extra, env={"HPC_TRAIN_FAULT": fault}), run_dir)
     return jobs
 
 

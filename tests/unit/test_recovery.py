@@ -12,7 +12,7 @@ import pytest
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.goodput import ledger
-from hpc_train.core.rundir import RunDir, write_json_atomic
+from hpc_train.core.rundir import RunDir
 from hpc_train.launch.sbatch import sbatch_flags
 from hpc_train.runtime.failures import SrunReport, classify
 from hpc_train.runtime.supervisor import _made_progress, pick_nodes, step_argv
@@ -356,7 +356,7 @@ def test_what_a_killed_batch_step_left_open_is_closed(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "run")
     rd.status_dir.mkdir(parents=True)
     rd.write_allocations([{"job_id": "9", "start": 100.0, "end": None}])
-    write_json_atomic(rd.attempts, [{"attempt": 0, "job_id": "9", "start": 101.0, "end": None, "outcome": "running"}])
+    rd.write_attempts([{"attempt": 0, "job_id": "9", "start": 101.0, "end": None, "outcome": "running"}])
     abandoned = {"first_step": 1, "first_time": 110.0, "step": 50, "time": 160.0}
     rd.write_progress(0, abandoned | {"checkpoint_step": 40, "checkpoint_time": 150.0})
     done = {
