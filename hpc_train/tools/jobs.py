@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import read_json
 from hpc_train.core.rundir import JOB_RECORD, RunDir
 from hpc_train.core.state import signal_live_ranks
@@ -36,7 +37,8 @@ class TargetError(ValueError):
 
 
 def _sweep_runs(path: Path) -> list[RunDir]:
-    subdirs = [p for p in path.iterdir() if p.is_dir() and RunDir.holds_run(p)]
+    # Not hidden folders: Hydra's .hydra/ holds a config.yaml of its own, but is no run.
+    subdirs = [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and RunDir.holds_run(p)]
     return [
         RunDir(p)
         for p in sorted(subdirs, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) != 1:
             raise TargetError(f"{args.target} names {len(runs)} runs; logs shows one: pass one run dir or element id")
         return cmd_logs(runs[0], args.rank, args.slurm, args.follow, args.timeout)
-    except TargetError as exc:
+    except (TargetError, ConfigError) as exc:  # a run dir whose config.yaml no longer validates
         print(f"hpc_train.jobs: {exc}", file=sys.stderr)
         return 2
 

@@ -191,3 +191,20 @@ def test_metrics_reader_skips_a_row_being_written(tmp_path: Path) -> None:
     path.write_text('{"step": 10, "train_loss": 1.5}\n{"step": 10, "val_loss": 2.0}\n{"step": 20, "train_lo')
     assert [r["step"] for r in read_metrics(path)] == [10, 10]
     assert last_metrics(path) == {"step": 10, "train_loss": 1.5, "val_loss": 2.0}
+
+
+def test_a_failed_submission_folder_is_no_sweep_and_a_broken_config_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run refused before it wrote its config.yaml leaves only Hydra's .hydra/ (which has a config.yaml of its
+    own): it names no run. A run dir whose config.yaml no longer validates is refused with the config error."""
+    refused = tmp_path / "refused"
+    (refused / ".hydra").mkdir(parents=True)
+    (refused / ".hydra" / "config.yaml").write_text("cluster: {spare_nodes: -1}\n")
+    assert jobs_main(["status", str(refused)]) == 2
+    assert "neither a run dir" in capsys.readouterr().err
+    broken = RunDir(tmp_path / "broken")
+    broken.path.mkdir()
+    broken.config.write_text("cluster: {launcher: slurm, spare_nodes: -1}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
+    assert jobs_main(["status", str(broken.path)]) == 2
+    assert "cluster.spare_nodes=-1 is invalid" in capsys.readouterr().err
