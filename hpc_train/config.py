@@ -50,6 +50,7 @@ __all__ = [
     "check_override_syntax",
     "check_overrides",
     "config_from_dict",
+    "control_character",
     "load_config",
     "mem_mb",
     "override_keys",
@@ -63,10 +64,54 @@ CONFIG_MODULE = "pkg://hpc_train.conf"
 _SIGNALS = {s.name.removeprefix("SIG") for s in _signal.Signals if s.name.startswith("SIG") and "_" not in s.name}
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def control_character(value: Any) -> tuple[str, str] | None:
+    """The first control character (newline, tab, escape, ...) anywhere in a string, list or mapping, as
+    (where, the character's repr), or None. ``where`` is ``""`` for the value itself, ``[2]`` for a list item,
+    ``.key`` for a mapping value and ``{key}`` for a mapping key."""
+    if isinstance(value, str):
+        found = _CONTROL.search(value)
+        return ("", repr(found[0])) if found else None
+    if isinstance(value, Mapping | DictConfig):
+        for key, item in value.items():
+            hit = control_character(str(key))
+            if hit:
+                return f"{{{key!r}}}", hit[1]
+            hit = control_character(item)
+            if hit:
+                return f".{key}{hit[0]}", hit[1]
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            hit = control_character(item)
+            if hit:
+                return f"[{i}]{hit[0]}", hit[1]
+    return None
+
+
 class _Checked:
     """Mixin: ``self._require(ok, field, rule, hint)`` raises a ConfigError naming ``<group>.<field>``."""
 
     _group: ClassVar[str]
+    _raw_shell: ClassVar[tuple[str, ...]] = ()
+    """Fields that are never written into a script or command (or are raw shell by design): not checked for
+    control characters."""
+
+    def _refuse_control_characters(self) -> None:
+        """No value may carry a newline or another control character into a generated script: bash reads an
+        ``#SBATCH`` line as a comment, quotes and all, so a newline in a value starts a command of its own."""
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name in self._raw_shell:
+                continue
+            hit = control_character(getattr(self, f.name))
+            if hit:
+                where, char = hit
+                raise ConfigError(
+                    f"{self._group}.{f.name}{where} holds the control character {char}, which would let the value "
+                    f"run as a shell command in the job script. HINT: remove it from the value (look in the profile "
+                    f"or experiment file that sets it); only cluster.setup lines may hold shell code."
+                )
 
     def _require(self, ok: bool, key: str, rule: str, hint: str) -> None:
         if not ok:
@@ -86,6 +131,14 @@ class _Checked:
 
 
 LAUNCHERS = ("local", "debug", "slurm")
+
+
+def _shell_words(text: str) -> list[str]:
+    """``text`` split like a shell would; [] when it cannot be (unbalanced quotes)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return []
 
 
 def mem_mb(value: str) -> int:
@@ -152,6 +205,7 @@ _SLURM_ONLY = (
     "setup",
     "srun_args",
     "python",
+    "container",
     "array_parallelism",
     "job_name",
     "srun_wait_s",
@@ -170,6 +224,7 @@ class ClusterConfig(_Checked):
     """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
 
     _group: ClassVar[str] = "cluster"
+    _raw_shell: ClassVar[tuple[str, ...]] = ("setup", "facts")
 
     launcher: str = "local"
     """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
@@ -216,6 +271,11 @@ class ClusterConfig(_Checked):
     so $VARS expand and && or pipes work; hpc_train quotes every other value it writes into the script."""
     python: str = ""
     """The Python that runs the ranks on the compute nodes ('' = the one running `python -m hpc_train` now)."""
+    container: str = ""
+    """A wrapper command put before that Python, split like a shell would: 'apptainer exec --nv img.sif' or
+    'singularity exec --nv img.sif'. It wraps the batch step (the supervisor, which runs srun: the image needs
+    Slurm's commands, e.g. bound in) and every training step. For pyxis/enroot, give srun's own flags instead:
+    cluster.srun_args=[--container-image=nvcr.io#nvidia/pytorch:24.05-py3]."""
     srun_args: list[str] = field(default_factory=list)
     """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
     srun_wait_s: int = 60
@@ -246,6 +306,7 @@ class ClusterConfig(_Checked):
     """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
 
     def __post_init__(self) -> None:
+        self._refuse_control_characters()
         self._one_of("launcher", LAUNCHERS)
         # Before tasks_per_node is derived from it: a bad value is reported under the key the user typed.
         self._require(
@@ -334,6 +395,19 @@ class ClusterConfig(_Checked):
                 f"{flag!r} is not an sbatch flag name",
                 "give flag names without dashes, e.g. cluster.sbatch_args={mail-type: END}",
             )
+        self._require(
+            len(_shell_words(self.python)) <= 1,
+            "python",
+            "must be one executable; a wrapper such as `apptainer exec` would be quoted as part of its name",
+            f"set cluster.python to the Python inside, and the wrapper as cluster.container="
+            f"'{shlex.join(_shell_words(self.python)[:-1])}'",
+        )
+        self._require(
+            bool(self.container.strip()) == bool(_shell_words(self.container)),
+            "container",
+            "cannot be split into words (unbalanced quotes?)",
+            "e.g. cluster.container='apptainer exec --nv img.sif'",
+        )
         for line in self.setup:
             try:
                 words = shlex.split(line)
@@ -366,6 +440,11 @@ class ClusterConfig(_Checked):
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def container_argv(self) -> list[str]:
+        """cluster.container as the words that go before the Python of the batch step and of every rank."""
+        return _shell_words(self.container)
 
     @property
     def allocated_nodes(self) -> int:
@@ -491,7 +570,7 @@ class EarlyStoppingConfig(_Checked):
     monitor: str = "val_loss"
     """The validation metric to watch: val_loss, val_acc or val_metric (your trainer.metric)."""
     mode: str = "auto"
-    """min or max; auto: min for val_loss, max otherwise."""
+    """min or max; auto: min for val_loss, max for val_acc and val_metric (set min for an error-like metric)."""
     min_delta: float = 0.0
     """An improvement smaller than this does not count."""
 
@@ -504,8 +583,15 @@ class EarlyStoppingConfig(_Checked):
         self._require(
             self.min_delta >= 0, "min_delta", "must be 0 or more", "e.g. trainer.early_stopping.min_delta=1e-3"
         )
-        if self.mode == "auto":
-            self.mode = "min" if self.monitor == "val_loss" else "max"
+
+    @property
+    def direction(self) -> str:
+        """min or max. ``auto`` is resolved here, when it is read, never in ``__post_init__``: the schema's
+        default node is built before the command line's ``monitor`` is merged, so resolving it there would
+        freeze the default monitor's direction (val_loss: min) for a val_acc that should rise."""
+        if self.mode != "auto":
+            return self.mode
+        return "min" if self.monitor == "val_loss" else "max"
 
 
 @dataclass
@@ -535,10 +621,12 @@ class TrainerConfig(_Checked):
 
     _group: ClassVar[str] = "trainer"
 
-    max_epochs: int = 3
-    """Stop after this many epochs (0: no epoch limit)."""
+    max_epochs: int | None = None
+    """Stop after this many epochs (0: no epoch limit). Unset: 3 epochs, or no epoch limit when max_steps is set
+    (Lightning's convention), so trainer.max_steps=1500 runs 1500 steps."""
     max_steps: int = 0
-    """Stop after this many optimizer steps (0: no step limit). Whichever limit comes first ends training."""
+    """Stop after this many optimizer steps (0: no step limit). With both set, whichever comes first ends
+    training; the start-up line says which one binds."""
     batch_size: int = 64
     """Samples per process per step; the global batch is batch_size x world size."""
     lr: float = 1e-3
@@ -596,11 +684,20 @@ class TrainerConfig(_Checked):
     """torch.compile the model (after the DDP wrap, so DDP's optimizer splits the graph at bucket boundaries).
     The first steps take longer (compilation); later ones launch fewer, fused kernels."""
 
+    DEFAULT_EPOCHS: ClassVar[int] = 3
+
+    @property
+    def epoch_limit(self) -> int:
+        """The epoch limit in force (0: none): max_epochs when set, else 3 unless max_steps is set."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return 0 if self.max_steps else self.DEFAULT_EPOCHS
+
     def __post_init__(self) -> None:
         for key in ("max_epochs", "max_steps"):
-            self._require(getattr(self, key) >= 0, key, "must be 0 (no limit) or more", f"e.g. trainer.{key}=0")
+            self._require((getattr(self, key) or 0) >= 0, key, "must be 0 (no limit) or more", f"e.g. trainer.{key}=0")
         self._require(
-            self.max_epochs > 0 or self.max_steps > 0,
+            self.epoch_limit > 0 or self.max_steps > 0,
             "max_steps",
             "max_steps and max_epochs are both 0, so training would never end",
             "set trainer.max_epochs=3 or trainer.max_steps=1000",
@@ -750,6 +847,7 @@ class ScriptConfig(_Checked):
     """Its command-line arguments."""
 
     def __post_init__(self) -> None:
+        self._refuse_control_characters()
         given = [key for key in ("path", "module", "command") if getattr(self, key)]
         self._require(
             len(given) <= 1,

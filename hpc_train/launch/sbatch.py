@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_train.config import ClusterConfig
+from hpc_train.config import ClusterConfig, control_character
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import BATCH_EXIT
 from hpc_train.core.textutil import format_table
 from hpc_train.dist import resolve_environment
@@ -84,6 +85,13 @@ class JobSpec:
     """Slurm's --output pattern (stdout and stderr of the batch script and srun)."""
     signal: str
     array_parallelism: int = 0
+    wrapper: tuple[str, ...] = ()
+    """cluster.container's words, put before the Python."""
+
+    @property
+    def python_command(self) -> list[str]:
+        """The wrapper (if any) and the Python that runs the batch step."""
+        return [*self.wrapper, self.python]
 
     @property
     def is_array(self) -> bool:
@@ -101,10 +109,20 @@ def job_spec(cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, py
         output=str(log_dir / name),
         signal=cluster.signal.upper().removeprefix("SIG"),
         array_parallelism=cluster.array_parallelism,
+        wrapper=tuple(cluster.container_argv),
     )
 
 
 def _flag_line(key: str, value: str | None) -> str:
+    # Validation refuses control characters in every config value; this also covers what is not config (the
+    # run dir in --output). A newline here would end the #SBATCH comment and start a command.
+    for text in (key, value or ""):
+        if control_character(text):
+            raise ConfigError(
+                f"sbatch flag --{key}={value!r} holds a control character, which would run as a shell command in "
+                "the job script. HINT: remove it; if it comes from hydra.run.dir or hydra.sweep.dir, choose a "
+                "folder name without newlines or tabs."
+            )
     return f"#SBATCH --{key}" if value is None else f"#SBATCH --{key}={shlex.quote(value)}"
 
 
@@ -134,7 +152,7 @@ def render_sbatch(spec: JobSpec) -> str:
         # Before `set -u`: conda's and Lmod's shell functions read variables that may be unset.
         lines += ["# cluster.setup, as written (shell)", *spec.setup]
     lines.append("set -u")
-    command = shlex.join([spec.python, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
+    command = shlex.join([*spec.python_command, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
     lines += [
         "",
         "# ---- command ----",

@@ -151,7 +151,8 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
 
     cluster = cfg.cluster
     folder = run_dirs[0].submitit if len(run_dirs) == 1 else log_dir / run_dirs[0].submitit.name
-    executor = submitit.SlurmExecutor(folder=folder, python=spec.python, max_num_timeout=0)
+    # submitit writes `python` into its script as it is, unquoted: quote it here.
+    executor = submitit.SlurmExecutor(folder=folder, python=shlex.join(spec.python_command), max_num_timeout=0)
     flags = dict(spec.flags)
     params: dict[str, Any] = {
         "nodes": cluster.allocated_nodes,

@@ -93,6 +93,7 @@ def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str)
         f"--cpus-per-task={cluster.cpus_per_task}",
         f"--nodelist={','.join(nodes)}",
         *options,
+        *cluster.container_argv,
         python,
         "-u",
         "-m",

@@ -25,7 +25,7 @@ class EarlyStopping:
     def _improved(self, value: float) -> bool:
         if self.best is None:
             return True
-        if self.cfg.mode == "min":
+        if self.cfg.direction == "min":
             return value < self.best - self.cfg.min_delta
         return value > self.best + self.cfg.min_delta
 

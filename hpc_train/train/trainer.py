@@ -158,7 +158,7 @@ class Trainer:
 
     def _total_steps(self) -> int:
         tc = self.cfg.trainer
-        total = min(tc.max_steps or math.inf, (tc.max_epochs or math.inf) * self.steps_per_epoch)
+        total = min(tc.max_steps or math.inf, (tc.epoch_limit or math.inf) * self.steps_per_epoch)
         assert math.isfinite(total), "config validation guarantees max_steps or max_epochs"
         return int(total)
 
@@ -178,7 +178,7 @@ class Trainer:
         if self.step >= self.total_steps:  # resumed from a checkpoint taken at the very end
             self._save_final()
             return COMPLETED
-        max_epochs = self.cfg.trainer.max_epochs or math.inf
+        max_epochs = self.cfg.trainer.epoch_limit or math.inf
         while self.epoch < max_epochs:
             batches = self._epoch_batches()
             while self.step_in_epoch < self.steps_per_epoch:
@@ -348,7 +348,7 @@ class Trainer:
         name = self.cfg.model.get("_target_") if isinstance(self.cfg.model, dict) else self.cfg.model.name
         log.info(
             "training %s on %d rank(s), strategy %s, %s: global batch %d (%d per rank x %d ranks x %d accumulated), "
-            "lr %.3g (base %.3g, %s scaling vs reference batch %d, %s schedule), %d steps (%d per epoch)",
+            "lr %.3g (base %.3g, %s scaling vs reference batch %d, %s schedule), %d steps (%d per epoch; %s)",
             name,
             self.env.world_size,
             tc.strategy,
@@ -364,7 +364,20 @@ class Trainer:
             tc.schedule.name,
             self.total_steps,
             self.steps_per_epoch,
+            self._binding_limit(),
         )
+
+    def _binding_limit(self) -> str:
+        """Which of trainer.max_steps and the epoch limit ends this run, in words for the start-up line."""
+        tc = self.cfg.trainer
+        by_epochs = tc.epoch_limit * self.steps_per_epoch
+        if tc.max_steps and (not by_epochs or tc.max_steps <= by_epochs):
+            bound = f"trainer.max_steps={tc.max_steps} binds"
+            return bound if not tc.epoch_limit else f"{bound}, before {tc.epoch_limit} epochs"
+        epochs = f"trainer.max_epochs={tc.epoch_limit} binds"
+        if tc.max_epochs is None:
+            epochs = f"{tc.epoch_limit} epochs (the default) bind"
+        return epochs if not tc.max_steps else f"{epochs}, before trainer.max_steps={tc.max_steps}"
 
     # ---- files ----------------------------------------------------------------------------------------------
 

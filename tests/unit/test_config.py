@@ -178,3 +178,45 @@ def test_default_job_is_the_schema_defaults() -> None:
     changes on purpose (2 ranks). Code that builds the dataclasses itself (notebooks, tests) gets the same."""
     expected = Config(cluster=ClusterConfig(tasks_per_node=2), model=MLPConfig(), optim=AdamWConfig())
     assert composed() == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "direction"),
+    [
+        ([], "min"),
+        (["trainer.early_stopping.monitor=val_acc"], "max"),
+        (["trainer.early_stopping.monitor=val_metric", "trainer.metric={_target_: torch.nn.L1Loss}"], "max"),
+        (
+            [
+                "trainer.early_stopping.monitor=val_metric",
+                "trainer.early_stopping.mode=min",
+                "trainer.metric={_target_: torch.nn.L1Loss}",
+            ],
+            "min",
+        ),
+    ],
+)
+def test_early_stopping_direction_follows_the_final_monitor(overrides: list[str], direction: str) -> None:
+    """mode=auto is resolved from the monitor the command line chose, not from the schema's default val_loss."""
+    from hpc_train.train.early_stopping import EarlyStopping
+
+    cfg = composed(*overrides)
+    assert cfg.trainer.early_stopping.direction == direction
+    assert cfg.trainer.early_stopping.mode in ("auto", "min")  # saved as written, resolved when read
+    stopper = EarlyStopping(cfg.trainer.early_stopping, device=None)  # type: ignore[arg-type]
+    stopper.best = 0.5
+    assert stopper._improved(0.6) == (direction == "max")
+    assert stopper._improved(0.4) == (direction == "min")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "epoch_limit"),
+    [
+        ([], 3),  # neither set: the default 3 epochs
+        (["trainer.max_steps=1500"], 0),  # max_steps alone governs (Lightning's convention)
+        (["trainer.max_steps=1500", "trainer.max_epochs=2"], 2),  # both: whichever comes first
+        (["trainer.max_epochs=0", "trainer.max_steps=10"], 0),
+    ],
+)
+def test_max_steps_lifts_the_default_epoch_limit(overrides: list[str], epoch_limit: int) -> None:
+    assert composed(*overrides).trainer.epoch_limit == epoch_limit

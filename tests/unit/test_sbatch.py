@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -198,3 +200,74 @@ def test_every_flag_hpc_train_writes_is_one_sbatch_args_may_not_set(binding: str
     written = {line.removeprefix("#SBATCH --").split("=")[0] for line in lines if line.startswith("#SBATCH --")}
     assert {"nodes", "signal", "array", "output"} <= written  # the parse found the flags
     assert written - set(cluster.sbatch_args) - set(MANAGED_SBATCH_FLAGS) == set()
+
+
+# Every key whose value reaches an #SBATCH line, an srun argument or the command, each given a newline payload
+# through a cluster profile file (as a shared profile would). Bash reads `#SBATCH --job-name='x` as a comment,
+# quote included, so without the check the next line would run on the compute node.
+PAYLOAD = "x\ntouch /tmp/hpc_train_pwned #"
+QUOTED = json.dumps(PAYLOAD)  # a double-quoted YAML scalar: \n is a newline there
+INJECTIONS = {
+    "job_name": f"job_name: {QUOTED}",
+    "partition": f"partition: {QUOTED}",
+    "account": f"account: {QUOTED}",
+    "qos": f"qos: {QUOTED}",
+    "constraint": f"constraint: {QUOTED}",
+    "exclude": f"exclude: {QUOTED}",
+    "mem": f"mem: {QUOTED}",
+    "python": f"python: {QUOTED}",
+    "signal": 'signal: "USR2\\t"',
+    "sbatch_args.mail-type": f"sbatch_args: {{mail-type: {QUOTED}}}",
+    "sbatch_args{'mail-type\\n#SBATCH --time=9999'}": 'sbatch_args: {"mail-type\\n#SBATCH --time=9999": END}',
+    "srun_args[1]": f"srun_args: [--cpu-bind=cores, {QUOTED}]",
+    "container": f"container: {QUOTED}",
+}
+
+
+@pytest.mark.parametrize("key", sorted(INJECTIONS))
+def test_a_profile_cannot_inject_a_command(tmp_path: Path, key: str) -> None:
+    from hpc_train.tools.api import compose_config
+
+    profile = tmp_path / "conf" / "cluster"
+    profile.mkdir(parents=True)
+    (profile / "shared.yaml").write_text(f"defaults: [slurm]\n{INJECTIONS[key]}\n")
+    with pytest.raises(ConfigError, match=rf"cluster\.{re.escape(key)} holds the control character"):
+        compose_config("cluster=shared", config_dir=tmp_path / "conf")
+
+
+@pytest.mark.parametrize("key", ["path", "module", "args[1]"])
+def test_script_values_cannot_carry_a_newline(tmp_path: Path, key: str) -> None:
+    from hpc_train.config import ScriptConfig
+
+    values = {"path": {"path": PAYLOAD}, "module": {"module": PAYLOAD}, "args[1]": {"args": ["--ok", PAYLOAD]}}
+    with pytest.raises(ConfigError, match=rf"script\.{re.escape(key)} holds the control character '\\n'"):
+        ScriptConfig(**values[key])  # type: ignore[arg-type]
+
+
+def test_parameter_section_holds_only_sbatch_lines(tmp_path: Path) -> None:
+    text = render_sbatch(job_spec(golden_cluster(), [Path("/r")], Path("/r/logs")))
+    section = text.split("# ---- parameters ----\n", 1)[1].split("\n\n", 1)[0]
+    assert all(line.startswith("#SBATCH --") for line in section.splitlines()), section
+    # What is not config (the run dir in --output) is refused at render time too.
+    with pytest.raises(ConfigError, match=r"--output=.*control character.*hydra\.run\.dir"):
+        render_sbatch(job_spec(golden_cluster(), [Path("/r")], Path(f"/r/{PAYLOAD}")))
+
+
+def test_container_wraps_the_batch_step_and_every_training_step(tmp_path: Path) -> None:
+    from hpc_train.core.rundir import RunDir
+    from hpc_train.runtime.supervisor import step_argv
+
+    cluster = slurm(container="apptainer exec --nv '/images/my train.sif'", python="/opt/conda/bin/python")
+    text = render_sbatch(job_spec(cluster, [Path("/r")], Path("/r/logs")))
+    assert "apptainer exec --nv '/images/my train.sif' /opt/conda/bin/python -u -m hpc_train.supervisor" in text
+    argv = step_argv(RunDir(tmp_path), cluster, ["node1"], cluster.python)
+    wrapper = ["apptainer", "exec", "--nv", "/images/my train.sif", "/opt/conda/bin/python", "-u", "-m"]
+    start = argv.index("apptainer")
+    assert argv[start : start + len(wrapper)] == wrapper
+
+
+def test_a_wrapper_in_python_points_to_cluster_container() -> None:
+    with pytest.raises(
+        ConfigError, match=r"cluster\.python=.*HINT:.*cluster\.container='apptainer exec --nv img\.sif'"
+    ):
+        slurm(python="apptainer exec --nv img.sif python")
