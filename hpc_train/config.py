@@ -19,7 +19,7 @@ import shlex
 import shutil
 import signal as _signal
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING as MISSING_FACTORY
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +33,7 @@ __all__ = [
     "CONFIG_MODULE",
     "MODEL_SCHEMAS",
     "OPTIM_SCHEMAS",
+    "RESUME_SAFE_KEYS",
     "AdamWConfig",
     "CNNConfig",
     "ClusterConfig",
@@ -49,6 +50,7 @@ __all__ = [
     "check_override_keys",
     "check_override_syntax",
     "check_overrides",
+    "chosen_option_keys",
     "config_from_dict",
     "control_character",
     "load_config",
@@ -657,7 +659,8 @@ class TrainerConfig(_Checked):
     watchdog_s: float = 900.0
     """No step for this long: every rank dumps its thread stacks into its log and exits non-zero (0: off)."""
     progress_bar: bool = True
-    """Show a progress bar on rank 0."""
+    """Show a progress bar on rank 0 where a terminal shows it; never in piped output or a batch job's log,
+    where its carriage-return redraws would pile up."""
     precision: str = "fp32"
     """fp32, or autocast to bf16 / fp16 (fp16 adds a GradScaler)."""
     grad_clip_norm: float = 0.0
@@ -680,6 +683,10 @@ class TrainerConfig(_Checked):
     """Write PNG curves of metrics.jsonl to <run dir>/plots at the end (rank 0)."""
     profile_steps: int = 0
     """Record a torch.profiler trace of this many steps on rank 0 into <run dir>/profile (0: off)."""
+    init_from: str = ""
+    """Start a new run from the weights of an earlier one: a run dir (its model_final.pt, else its newest
+    checkpoint), a model_*.pt state dict or a checkpoints/step_*.pt file. Weights only: the optimizer, the step
+    and the data order start afresh. Ignored when this run dir has a checkpoint of its own to resume from."""
     compile: bool = False
     """torch.compile the model (after the DDP wrap, so DDP's optimizer splits the graph at bucket boundaries).
     The first steps take longer (compilation); later ones launch fewer, fused kernels."""
@@ -843,8 +850,10 @@ class ScriptConfig(_Checked):
     command: str = ""
     """Or an executable (a console entry point such as ``deepliif``, or a path), run as it is, like torchrun's
     --no-python; it must be found on PATH when the config is built."""
-    args: list[str] = field(default_factory=list)
-    """Its command-line arguments."""
+    args: Any = field(default_factory=list)
+    """Its command-line arguments: a list (script.args=[--epochs,3]), or one string split like a shell would
+    (script.args='--tag "a,b" --lr=1e-3'), or everything after a lone -- on the command line
+    (hpc-train script.path=train.py -- --tag "a,b" --lr=1e-3)."""
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()
@@ -854,6 +863,13 @@ class ScriptConfig(_Checked):
             given[-1] if given else "path",
             f"give one of script.path, script.module and script.command, not {' and '.join(given)}",
             "drop all but one",
+        )
+        self._require(
+            (isinstance(self.args, Sequence) and not isinstance(self.args, str))
+            or (isinstance(self.args, str) and (not self.args.strip() or bool(_shell_words(self.args)))),
+            "args",
+            "must be a list of words, or one string that splits like a shell command line (balanced quotes)",
+            "script.args='--tag \"a,b\" --lr=1e-3', or put the arguments after -- at the end of the command line",
         )
         if self.command:
             found = shutil.which(os.path.expanduser(self.command))
@@ -873,6 +889,13 @@ class ScriptConfig(_Checked):
     @property
     def enabled(self) -> bool:
         return bool(self.path or self.module or self.command)
+
+    @property
+    def argv(self) -> list[str]:
+        """The script's arguments as words: a string is split like a shell would ([] if it cannot be)."""
+        if isinstance(self.args, str):
+            return _shell_words(self.args)
+        return [str(a) for a in self.args]
 
 
 @dataclass
@@ -922,6 +945,54 @@ class SGDConfig(_Checked):
         self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0")
 
 
+RESUME_SAFE_KEYS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.log_every_n_steps",
+    "trainer.val_every_n_steps",
+    "trainer.val_every_n_epochs",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.keep_checkpoints",
+    "trainer.dist_timeout_s",
+    "trainer.preflight_timeout_s",
+    "trainer.watchdog_s",
+    "trainer.progress_bar",
+    "trainer.tensorboard",
+    "trainer.plots",
+    "trainer.profile_steps",
+    "trainer.early_stopping.patience",
+    "cluster.timeout_min",
+    "cluster.failure_grace_s",
+    "cluster.submit",
+    "cluster.dry_run",
+    "cluster.wait",
+    "cluster.partition",
+    "cluster.account",
+    "cluster.qos",
+    "cluster.constraint",
+    "cluster.exclude",
+    "cluster.mem",
+    "cluster.job_name",
+    "cluster.sbatch_args",
+    "cluster.setup",
+    "cluster.python",
+    "cluster.container",
+    "cluster.srun_args",
+    "cluster.srun_wait_s",
+    "cluster.signal",
+    "cluster.signal_lead_s",
+    "cluster.array_parallelism",
+    "cluster.facts",
+    "cluster.max_restarts",
+    "cluster.max_stalled_restarts",
+    "cluster.spare_nodes",
+    "cluster.max_failures",
+    "cluster.max_stalled_failures",
+)
+"""Keys a resubmission of a run dir may change: they do not change what has been trained so far (how long to
+go on, how often to log and save, where and how the job is queued). Every other key is fixed by the run's
+first config.yaml: the model, data, optimizer, seed, batch and the shape of the job."""
+
 MODEL_SCHEMAS: dict[str, type[Any]] = {"mlp": MLPConfig, "cnn": CNNConfig, "transformer": TransformerConfig}
 OPTIM_SCHEMAS: dict[str, type[Any]] = {"adamw": AdamWConfig, "sgd": SGDConfig}
 
@@ -962,6 +1033,15 @@ class Config:
                 "the number of ranks on a node), or trainer.device=auto to train on the CPU."
             )
         world = self.cluster.world_size
+        no_gpu = self.trainer.device == "cpu" or not self.cluster.gpus_per_node
+        # (not on debug: it runs in this process, which may see this machine's GPUs)
+        if self.trainer.strategy == "dp" and no_gpu and self.cluster.launcher != "debug":
+            raise ConfigError(
+                "trainer.strategy=dp splits each batch over the GPUs of one process, but this run has no GPU "
+                f"(cluster.gpus_per_node={self.cluster.gpus_per_node}, trainer.device={self.trainer.device}): it "
+                "would train in one process, silently. HINT: for CPU parallelism use trainer.strategy=ddp with "
+                "cluster.tasks_per_node=N; or trainer.strategy=single for one process."
+            )
         if self.trainer.strategy in ("dp", "single") and world != 1:
             raise ConfigError(
                 f"trainer.strategy={self.trainer.strategy} runs one process, but the cluster asks for {world} ranks. "
@@ -1066,6 +1146,16 @@ def check_override_syntax(argv: list[str]) -> None:
 
     parser = OverridesParser.create()
     for arg in argv:
+        if arg.startswith("script.args="):
+            try:
+                parser.parse_overrides([arg])
+            except HydraException:
+                raise ConfigError(
+                    f"{arg} cannot be read by Hydra's override grammar (an = or a comma inside an unquoted list "
+                    'item breaks it). HINT: give the arguments as one string, script.args=\'--tag "a,b" '
+                    "--lr=1e-3', or after a lone -- at the end: hpc-train script.path=train.py -- --tag a,b "
+                    "--lr=1e-3"
+                ) from None
         match = _BRACKETED_VALUE.fullmatch(arg)
         if match is None:
             continue
@@ -1080,11 +1170,65 @@ def check_override_syntax(argv: list[str]) -> None:
             ) from None
 
 
-def check_overrides(argv: list[str]) -> None:
+def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> None:
     """Every check of command-line overrides that runs before Hydra composes: the syntax Hydra's grammar would
-    reject with an unhelpful message, then keys the schema does not know. ConfigError on the first problem."""
+    reject with an unhelpful message, then keys that neither the schema nor the chosen option files know.
+    ``config_dirs``: the user's config folders when not given in ``argv`` (``--config-dir``). ConfigError on
+    the first problem."""
     check_override_syntax(argv)
-    check_override_keys(override_keys(argv))
+    from hpc_train.core.searchpath import config_dir_arg, user_config_dirs
+
+    dirs = [*(config_dirs or []), *config_dir_arg(argv), *user_config_dirs()]
+    keys = override_keys(argv)
+    for key in keys:
+        # A group of the user's own (conf/experiment/) is not in the defaults list: Hydra wants +group=option.
+        if "." not in key and key not in _group_keys() and any((d / key).is_dir() for d in dirs):
+            value = next(a.split("=", 1)[1] for a in argv if a.startswith(f"{key}="))
+            raise ConfigError(
+                f"{key}={value}: {key} is a config group of yours, not one that hpc_train's defaults pick. "
+                f"HINT: add it with a plus: +{key}={value}"
+            )
+    check_override_keys(keys, chosen_option_keys(argv, config_dirs or []))
+
+
+_OPTION_GROUPS = {"model": MODEL_SCHEMAS, "optim": OPTIM_SCHEMAS}
+
+
+def chosen_option_keys(argv: list[str], config_dirs: list[Path]) -> dict[str, dict[str, set[str] | None]]:
+    """Per group (model, optim), the options the command line picks (``model=tiny``, ``-m model=a,b``, or the
+    default) and the keys each one's YAML file declares, theirs included: ``width`` for a user's
+    ``conf/model/tiny.yaml`` holding ``width: 64``. None for an option whose file is not found (Hydra reports
+    that itself)."""
+    from importlib.resources import files
+
+    from hpc_train.core.searchpath import option_file
+
+    main = OmegaConf.to_container(OmegaConf.load(str(files("hpc_train.conf") / "config.yaml")))
+    defaults: list[Any] = main.get("defaults", []) if isinstance(main, dict) else []
+    dirs = [arg for d in config_dirs for arg in ("--config-dir", str(d))]
+    chosen: dict[str, dict[str, set[str] | None]] = {}
+    for group, schemas in _OPTION_GROUPS.items():
+        picked = [a.split("=", 1)[1] for a in argv if re.fullmatch(rf"\+{{0,2}}{group}=[\w,.-]+", a)]
+        names = (
+            picked[-1].split(",") if picked else [d[group] for d in defaults if isinstance(d, Mapping) and group in d]
+        )
+        chosen[group] = {}
+        for name in names:
+            path = option_file(group, name, [*argv, *dirs])
+            chosen[group][name] = None if path is None else _option_keys(path, schemas)
+    return chosen
+
+
+def _option_keys(path: Path, schemas: Mapping[str, type[Any]]) -> set[str] | None:
+    node = OmegaConf.load(path)
+    if not isinstance(node, DictConfig):
+        return set()
+    keys = {str(k) for k in node if k != "defaults"}
+    named = [node.get("name"), *(str(d).removeprefix("schema_") for d in node.get("defaults", []) or [])]
+    for name in named:
+        if name in schemas:
+            keys |= {f.name for f in fields(schemas[name])}
+    return keys
 
 
 def override_keys(argv: list[str]) -> list[str]:
@@ -1100,16 +1244,22 @@ def override_keys(argv: list[str]) -> list[str]:
     return [o.key_or_group for o in overrides]
 
 
-def check_override_keys(keys: list[str]) -> None:
+def check_override_keys(keys: list[str], chosen: Mapping[str, Mapping[str, set[str] | None]] | None = None) -> None:
     """Reject command-line keys the schema does not know, naming the closest valid key and listing all.
+    ``chosen`` (from ``chosen_option_keys``): the model/optim options picked and their keys; their keys are
+    valid too, and an unknown key lists them.
 
     Hydra's own message for a typo suggests adding it with ``+key=value``, which only moves the error.
     """
     groups = _group_keys()
     custom_model = "model._target_" in keys  # your own model takes whatever arguments it declares
+    open_groups = {g for g, options in (chosen or {}).items() if any(k is None for k in options.values())}
+    for group, options in (chosen or {}).items():
+        if group not in open_groups and options:
+            groups[group] = set().union(*(k for k in options.values() if k is not None))
     for key in keys:
         group, _, rest = key.partition(".")
-        if group == "hydra" or (group == "model" and custom_model):
+        if group == "hydra" or (group == "model" and custom_model) or group in open_groups:
             continue
         if group not in groups:
             close = difflib.get_close_matches(group, sorted(groups), n=1)
@@ -1120,7 +1270,14 @@ def check_override_keys(keys: list[str]) -> None:
             valid = sorted(groups[group])
             close = difflib.get_close_matches(field_name, valid, n=1)
             hint = f"did you mean {group}.{close[0]}? " if close else ""
-            raise ConfigError(f"unknown config key {key!r}. HINT: {hint}valid keys in {group}: {', '.join(valid)}.")
+            picked = "/".join((chosen or {}).get(group, {}))
+            where = f"{group} (option {picked})" if picked else group
+            more = ""
+            if "_target_" in groups[group]:
+                more = f" A new argument of your _target_ is added with a plus: +{key}=VALUE."
+            raise ConfigError(
+                f"unknown config key {key!r}. HINT: {hint}valid keys in {where}: {', '.join(valid)}.{more}"
+            )
 
 
 def load_config(path: str | Path) -> Config:

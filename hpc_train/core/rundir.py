@@ -4,6 +4,7 @@ The names are a public contract (``config.yaml``, ``metrics.jsonl``, ``model_fin
 scripts and later tools find a run's outputs by them, and every module here reaches them through ``RunDir``.
 
     config.yaml                the resolved, validated config every rank reads
+    overrides.json             the command-line overrides that made the run (every launcher): its label
     metrics.jsonl              one JSON row per log/validation step (rank 0)
     model_final.pt             the trained weights; model_best.pt with early stopping
     rank_table.json            every rank's host, device and rendezvous address
@@ -30,18 +31,31 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
-from hpc_train.core.state import RankState
+from hpc_train.core.state import RankState, process_start
 
-__all__ = ["ATTEMPT_VARIABLE", "BATCH_EXIT", "JOB_RECORD", "RunDir", "atomic_write", "read_json", "write_json_atomic"]
+__all__ = [
+    "ATTEMPT_VARIABLE",
+    "BATCH_EXIT",
+    "HYDRA_OVERRIDES",
+    "JOB_RECORD",
+    "RunDir",
+    "atomic_write",
+    "read_json",
+    "run_labels",
+    "write_json_atomic",
+]
 
 JOB_RECORD = "job.json"
+HYDRA_OVERRIDES = ".hydra/overrides.yaml"
+"""Hydra's own record of a run's overrides (when hydra.output_subdir is left at .hydra): read for run dirs made
+before ``overrides.json`` existed."""
 BATCH_EXIT = "status/batch_exit.json"
 """Relative to the run dir: the sbatch script writes it from the shell."""
 _CHECKPOINT_GLOB = "step_*.pt"
@@ -57,6 +71,14 @@ def _read_list(path: Path) -> list[dict[str, Any]]:
 def _read_dict(path: Path) -> dict[str, Any]:
     record = read_json(path)
     return record if isinstance(record, dict) else {}
+
+
+def run_labels(runs: Sequence[RunDir]) -> list[str]:
+    """Each run's overrides less those all the runs share (what sets an element of a sweep apart), space
+    separated: the names ``jobs collect`` and ``plot --compare`` give the runs ("" for a run with none)."""
+    overrides = [rd.read_overrides() for rd in runs]
+    shared = set.intersection(*(set(o) for o in overrides)) if len(overrides) > 1 else set()
+    return [" ".join(o for o in own if o not in shared) for own in overrides]
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,27 @@ class RunDir:
     def config(self) -> Path:
         """The resolved, validated config every rank reads."""
         return self.path / "config.yaml"
+
+    @property
+    def overrides(self) -> Path:
+        """The command-line overrides that made this run (a JSON list of strings), written at launch by every
+        launcher: what ``jobs collect``, ``plot --compare`` and TensorBoard label the run with."""
+        return self.path / "overrides.json"
+
+    def write_overrides(self, overrides: Sequence[str]) -> None:
+        write_json_atomic(self.overrides, [str(o) for o in overrides])
+
+    def read_overrides(self) -> list[str]:
+        """The run's overrides; for a run dir older than ``overrides.json``, those in job.json (Slurm runs) or in
+        Hydra's .hydra/overrides.yaml. Empty when none is recorded."""
+        recorded = read_json(self.overrides)
+        if recorded is None:
+            recorded = self.read_job_record().get("overrides")
+        if recorded is None and (self.path / HYDRA_OVERRIDES).is_file():
+            from omegaconf import OmegaConf  # only for run dirs older than overrides.json
+
+            recorded = OmegaConf.to_container(OmegaConf.load(self.path / HYDRA_OVERRIDES))
+        return [str(o) for o in recorded] if isinstance(recorded, list) else []
 
     @property
     def job_record(self) -> Path:
@@ -168,6 +211,14 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
+
+    @property
+    def tensorboard_run(self) -> Path:
+        """Where rank 0's SummaryWriter writes: a folder under tensorboard/ named after the run's overrides, so
+        that ``tensorboard --logdir SWEEP_DIR`` names each run by what it changed (``0/tensorboard/trainer.lr=0.1``)
+        rather than by its number alone. tensorboard/ itself for a run without overrides."""
+        name = ",".join(self.read_overrides()).replace(os.sep, "_")  # a "/" in a value would nest folders
+        return self.tensorboard / name[:200] if name else self.tensorboard
 
     @property
     def plots(self) -> Path:
@@ -300,6 +351,7 @@ class RunDir:
             "state": RankState(state).value,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),  # tells this process from a later one given the same pid
             "time": time.time(),
         }
         if os.environ.get(ATTEMPT_VARIABLE, "").isdigit():  # set by the Slurm supervisor for each training step

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["ENV_VAR", "user_config_dirs", "user_profile_dir"]
+__all__ = ["ENV_VAR", "config_dir_arg", "option_file", "user_config_dirs", "user_profile_dir"]
 
 ENV_VAR = "HPC_TRAIN_CONFIG_PATH"
 
@@ -33,3 +33,25 @@ def user_config_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     listed = [Path(p).expanduser() for p in env.get(ENV_VAR, "").split(os.pathsep) if p]
     own = user_profile_dir(env)
     return [*listed, *([own] if own.is_dir() and own not in listed else [])]
+
+
+def config_dir_arg(argv: list[str]) -> list[Path]:
+    """The folder of Hydra's ``--config-dir DIR`` (or ``-cd DIR``, ``--config-dir=DIR``) in ``argv``, if any."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            return [Path(argv[i + 1])]
+        if arg.startswith("--config-dir="):
+            return [Path(arg.split("=", 1)[1])]
+    return []
+
+
+def option_file(group: str, option: str, argv: list[str], environ: Mapping[str, str] | None = None) -> Path | None:
+    """The YAML file Hydra would load for ``group=option``: the user's folders first, then hpc_train's own."""
+    from importlib.resources import files
+
+    for base in [*config_dir_arg(argv), *user_config_dirs(environ)]:
+        path = base / group / f"{option}.yaml"
+        if path.is_file():
+            return path
+    own = files("hpc_train.conf") / group / f"{option}.yaml"
+    return Path(str(own)) if own.is_file() else None

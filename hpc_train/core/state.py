@@ -21,9 +21,12 @@ __all__ = [
     "RankFailure",
     "RankState",
     "all_ranks",
+    "is_live",
     "never_started",
     "pid_alive",
+    "process_start",
     "rank_failures",
+    "rank_process_alive",
     "signal_live_ranks",
 ]
 
@@ -105,22 +108,53 @@ def rank_failures(
     return sorted(found, key=lambda f: f.reported)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs on this machine (a zombie counts as dead: it has exited but was not reaped)."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first); None when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces and ")"
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs on this machine (a zombie counts as dead: it has exited but was not reaped)."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); None when it is gone.
+    Together with the pid it names one process: a pid is reused, a (pid, start) pair is not."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None else None
+
+
+def rank_process_alive(status: Mapping[str, Any]) -> bool | None:
+    """Whether the process that wrote ``status`` still runs; None when it ran on another host, where its pid
+    cannot be checked from here. A process that now holds the pid but started at another time (``pid_start``,
+    which ``RunDir.write_status`` records) is another process: the rank is gone."""
+    if status.get("host") != socket.gethostname():
+        return None
+    pid = int(status.get("pid") or 0)
+    if not pid or not pid_alive(pid):
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    started = status.get("pid_start")
+    return started is None or process_start(pid) == started
+
+
+def is_live(status: Mapping[str, Any]) -> bool:
+    """True when a rank last said it is starting or running (it has not reported an end)."""
+    state = _state(status)
+    return state is not None and state.live
 
 
 def signal_live_ranks(statuses: Statuses, signum: int = signal.SIGTERM) -> list[tuple[int, int]]:
     """Send ``signum`` to every rank on this host still marked live whose process runs; returns (rank, pid)."""
-    host = socket.gethostname()
     sent = []
     for rank, status in sorted(statuses.items()):
-        state, pid = _state(status), int(status.get("pid", 0))
-        if state is not None and state.live and status.get("host") == host and pid and pid_alive(pid):
+        if is_live(status) and rank_process_alive(status):
+            pid = int(status["pid"])
             with suppress(ProcessLookupError):
                 os.kill(pid, signum)
                 sent.append((rank, pid))

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 
-__all__ = ["format_table"]
+__all__ = ["PROGRESS_TTY", "format_table", "plural", "shows_progress_bar"]
+
+PROGRESS_TTY = "HPC_TRAIN_PROGRESS_TTY"
+"""Set to 1 by a local launcher whose own stderr is a terminal: it copies rank 0's stderr there, bar included."""
+
+
+def shows_progress_bar() -> bool:
+    """Whether this process's stderr ends up on a terminal, where a progress bar's redraws make sense."""
+    return sys.stderr.isatty() or os.environ.get(PROGRESS_TTY) == "1"
+
+
+def plural(count: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

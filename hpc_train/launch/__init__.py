@@ -6,9 +6,12 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from omegaconf import OmegaConf
 
-from hpc_train.config import Config
+from hpc_train.config import RESUME_SAFE_KEYS, Config
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
@@ -16,15 +19,53 @@ from hpc_train.core.rundir import RunDir
 __all__ = ["launch", "write_config"]
 
 
-def write_config(cfg: Config, run_dir: RunDir) -> None:
-    """Save the validated config; refuse to overwrite a different one (that run's record would be lost)."""
+def write_config(cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None = None) -> None:
+    """Save the validated config and the overrides that made it; refuse to overwrite a different config (that
+    run's record would be lost). ``overrides=None``: those of the Hydra job running now (none outside one)."""
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if run_dir.config.exists() and run_dir.config.read_text() != text:
-        raise ConfigError(
-            f"hydra.run.dir={run_dir.path} already holds a run with a different {run_dir.config.name}. HINT: leave "
-            "hydra.run.dir unset for a fresh directory, or pick a new one."
-        )
+        _check_resubmission(run_dir, text)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
+    run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A config as ``{"trainer.max_steps": 100, ...}``; a mapping that is a value (sbatch_args, a _target_ node)
+    stays whole under its own key when it sits at a key in RESUME_SAFE_KEYS."""
+    if not isinstance(node, dict) or prefix in RESUME_SAFE_KEYS:
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat |= _flat(value, f"{prefix}.{key}" if prefix else str(key))
+    return flat
+
+
+def _check_resubmission(run_dir: RunDir, text: str) -> None:
+    """A run dir that already holds a run may go on with a config that differs only in RESUME_SAFE_KEYS (train
+    longer, another partition); any other difference is refused, naming the keys, since the saved run was
+    trained with the old values."""
+    old, new = (_flat(OmegaConf.to_container(OmegaConf.create(t))) for t in (run_dir.config.read_text(), text))
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+    fixed = [k for k in differ if k not in RESUME_SAFE_KEYS]
+    if fixed:
+        shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in fixed[:6])
+        raise ConfigError(
+            f"hydra.run.dir={run_dir.path} already holds a run, and this config differs in what that run was "
+            f"trained with ({shown}). HINT: resume with the run's own values (its overrides are in "
+            f"{run_dir.overrides}); start a new run (leave hydra.run.dir unset), and add "
+            f"trainer.init_from={run_dir.path} to start from its weights. A resumed run may change: "
+            "trainer.max_steps, trainer.max_epochs, the logging, checkpoint and timeout keys, and the Slurm "
+            "queue keys (partition, account, qos, time)."
+        )
+    if differ:
+        print(f"hpc_train: resuming {run_dir.path} with new values of {', '.join(differ)}", flush=True)
+
+
+def _hydra_overrides() -> list[str]:
+    """The task overrides of the Hydra job running now: a single run's, or a local sweep element's."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def launch(cfg: Config, run_dir: RunDir) -> int:

@@ -13,7 +13,6 @@ the job by signalling the ranks, never through the controller.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import sys
 import time
@@ -29,12 +28,21 @@ from submitit.local.local import LocalJob
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.files import Tail, last_lines
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.state import RankFailure, RankState, all_ranks, pid_alive, rank_failures, signal_live_ranks
+from hpc_train.core.state import (
+    RankFailure,
+    RankState,
+    all_ranks,
+    rank_failures,
+    rank_process_alive,
+)
+from hpc_train.core.textutil import PROGRESS_TTY, plural, shows_progress_bar
+from hpc_train.launch.state import resume_command
 from hpc_train.runtime import worker
 
 __all__ = ["follow", "launch_debug", "launch_local"]
 
 POLL_S = 0.2
+RESEND_S = 1.0
 
 
 def launch_local(cfg: Config, run_dir: RunDir) -> int:
@@ -46,13 +54,21 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
         gpus_per_node=cfg.cluster.gpus_per_node,
         timeout_min=cfg.cluster.timeout_min,
     )
+    if shows_progress_bar():
+        os.environ[PROGRESS_TTY] = "1"  # rank 0's stderr is copied to this terminal: its bar can draw there
     with _quiet_controller(run_dir):
         # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
         job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
     assert isinstance(job, LocalJob)
-    print(f"hpc_train: local job {job.job_id} with {cfg.cluster.world_size} ranks, run dir {run_dir.path}", flush=True)
-    with _signals_as_interrupt():
-        return follow(job, run_dir, cfg.cluster)
+    try:
+        with _signals_as_interrupt():
+            world = plural(cfg.cluster.world_size, "rank")
+            print(f"hpc_train: local job {job.job_id} with {world}, run dir {run_dir.path}", flush=True)
+            return follow(job, run_dir, cfg.cluster)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before follow() took over: end the ranks now
+        _stop(job, run_dir.submitit)
+        print(f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr)
+        return 130
 
 
 def launch_debug(cfg: Config, run_dir: RunDir) -> int:
@@ -106,7 +122,7 @@ def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[RankFailure]:
     """Ranks that failed; one marked live whose process is gone died without a word (its stderr says more)."""
     return rank_failures(
         run_dir.read_statuses(),
-        gone=lambda status: not pid_alive(int(status["pid"])),
+        gone=lambda status: rank_process_alive(status) is False,
         detail=lambda rank: last_lines(paths[rank].stderr) if rank < len(paths) else "",
     )
 
@@ -177,16 +193,48 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
     return _outcome(run_dir, paths, cluster.world_size, reason)
 
 
+def _rank_pids(job: LocalJob[Any]) -> list[int]:
+    """The ranks' processes: the children of submitit's controller (whose pid is the job id). Found this way,
+    not through the status files, a rank still importing torch (no status yet) is found too."""
+    controller = job.job_id
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == controller:  # the field after the state is the parent's pid
+            pids.append(int(entry.name))
+    return pids
+
+
+def _ask_ranks_to_stop(job: LocalJob[Any], run_dir: RunDir, asked: dict[int, float]) -> None:
+    """SIGTERM to every rank once, and again every RESEND_S to a rank that has not yet reached training: a
+    signal that lands before the rank's first line runs (the interpreter still starting) is taken by the
+    default handler of the controller's child or by submitit's, which ignores it. A rank that has written a
+    status has its own handler, which keeps the first signal: it is not asked again."""
+    # A rank writes its first status right after its handlers are in place (hpc_train.runtime.startup).
+    handled = {s.get("pid") for s in run_dir.read_statuses().values()}
+    now = time.monotonic()
+    for pid in _rank_pids(job):
+        if pid in asked and (pid in handled or now - asked[pid] < RESEND_S):
+            continue
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        asked[pid] = now
+
+
 def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail], timeout_s: float = 120.0) -> bool:
     """Ctrl-C or SIGTERM: ask every rank to checkpoint (SIGTERM, which they turn into a stop at the next step
     boundary) and wait for them; True if they all ended that way. A second Ctrl-C gives up at once."""
     print(
         "\nhpc_train: interrupted; the ranks checkpoint at the end of this step (Ctrl-C again to kill)", file=sys.stderr
     )
-    signal_live_ranks(run_dir.read_statuses(), signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
+    asked: dict[int, float] = {}
     try:
         while not job.done() and time.monotonic() < deadline:
+            _ask_ranks_to_stop(job, run_dir, asked)
             for tail in tails:
                 tail.pump()
             time.sleep(POLL_S)
@@ -206,8 +254,7 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
         checkpoint = run_dir.checkpoint(step)
         saved = f"every rank is in {checkpoint}" if checkpoint.exists() else "the script saved what it saves"
         print(
-            f"hpc_train: stopped at step {step} on a signal; {saved}.\n"
-            f"  resume: python -m hpc_train hydra.run.dir={shlex.quote(str(run_dir.path))} <the same overrides>",
+            f"hpc_train: stopped at step {step} on a signal; {saved}.\n  resume: {resume_command(run_dir)}",
             file=sys.stderr,
             flush=True,
         )

@@ -23,7 +23,7 @@ from hpc_train.config import Config
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
-from hpc_train.launch.facts import check_request, explain_slurm_refusal, facts_for
+from hpc_train.launch.facts import ClusterFacts, check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.sbatch import (
     JobSpec,
     emulate_rank_table,
@@ -65,8 +65,8 @@ def submit_slurm(
     cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
 ) -> list[str]:
     """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs)."""
-    # A dry run asks Slurm nothing: it is checked against the facts a profile recorded, if any.
-    facts = facts_for(cfg.cluster, live=not cfg.cluster.dry_run)
+    # Live Slurm where it answers (a dry run too), else the facts a profile recorded, if any.
+    facts = facts_for(cfg.cluster, live=True)
     if facts is not None:
         check_request(cfg.cluster, facts)
     spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir)
@@ -76,7 +76,9 @@ def submit_slurm(
     text = render_sbatch(spec)
     atomic_write(script, lambda f: f.write(text.encode()))
     if cfg.cluster.dry_run:
+        checked = _test_only(script)
         _print_dry_run(cfg, text, script)
+        print(_what_was_checked(facts, checked), flush=True)
         return []
     _test_only(script)
     for rd in run_dirs:
@@ -123,11 +125,27 @@ def _command(argv: list[str], what: str) -> str:
     return proc.stdout
 
 
-def _test_only(script: Path) -> None:
-    """Let Slurm judge the request without queuing it (bad partition, account, too many nodes...)."""
+def _test_only(script: Path) -> bool:
+    """Let Slurm judge the request without queuing it (bad partition, account, too many nodes...); False when
+    there is no sbatch here to ask."""
     if shutil.which("sbatch") is None:
-        return
+        return False
     _command(["sbatch", "--test-only", str(script)], f"sbatch --test-only {script} (the request was not submitted)")
+    return True
+
+
+def _what_was_checked(facts: ClusterFacts | None, test_only: bool) -> str:
+    """The dry run's last line: what the request was checked against, and what was not checked at all."""
+    checks = [f"against the cluster's partitions and limits ({facts.source})"] if facts is not None else []
+    if test_only:
+        checks.append("by Slurm itself (sbatch --test-only)")
+    if checks:
+        return f"hpc_train: dry run checked the request {' and '.join(checks)}."
+    return (
+        "hpc_train: dry run did NOT check the request: no Slurm answers here and the profile records no "
+        "cluster.facts, so the partition, node count, memory and time limit are unchecked. HINT: run the dry run "
+        "on a login node, or write the profile there with `python -m hpc_train.profile --write NAME`."
+    )
 
 
 def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:

@@ -7,6 +7,7 @@ so), the scheduler's view next, and a job the scheduler no longer knows is judge
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -14,9 +15,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.state import RankState, all_ranks, never_started, rank_failures
+from hpc_train.core.state import (
+    RankFailure,
+    RankState,
+    all_ranks,
+    is_live,
+    never_started,
+    rank_failures,
+    rank_process_alive,
+)
 
-__all__ = ["ACTIVE_STATES", "UNREACHABLE", "JobState", "attempts_note", "job_state", "sacct_state", "squeue_state"]
+__all__ = [
+    "ACTIVE_STATES",
+    "UNREACHABLE",
+    "JobState",
+    "attempts_note",
+    "job_state",
+    "resume_command",
+    "sacct_state",
+    "squeue_state",
+]
 
 # Slurm states of a job that has not ended yet.
 ACTIVE_STATES = frozenset(
@@ -47,7 +65,9 @@ class JobState:
     """One run's state and why we believe it."""
 
     state: str
-    """A Slurm state name (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...) or ENDED/UNKNOWN."""
+    """A Slurm state name (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...) or ENDED/UNKNOWN; for a
+    local run COMPLETED, FAILED, STOPPED (on a signal, resumable), RUNNING (its processes checked) or RUNNING? (on
+    another host)."""
     done: bool
     ok: bool
     job_id: str = ""
@@ -155,19 +175,55 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
             return verdict("FAILED", done=True, ok=False, detail="; ".join(["Slurm says COMPLETED", *reasons]))
         return verdict(scheduler, done=True, ok=False, detail="; ".join(reasons))
     if not job_id:
-        return _without_scheduler(statuses, reasons, verdict)
+        return _without_scheduler(run_dir, statuses, world_size, verdict)
     # Not in squeue, no accounting: the job has ended (or its id is wrong).
     if not statuses and not batch:
         return verdict("ENDED", done=True, detail="Slurm no longer lists the job and no rank ever started")
     return verdict("FAILED", done=True, detail="; ".join(reasons) or "ended before every rank completed")
 
 
+def resume_command(run_dir: RunDir) -> str:
+    """The command that resumes a local run in its own run dir from its latest checkpoint."""
+    words = [f"hydra.run.dir={run_dir.path}", *run_dir.read_overrides()]
+    return " ".join(["python -m hpc_train", *(shlex.quote(w) for w in words)])
+
+
 def _without_scheduler(
-    statuses: dict[int, dict[str, Any]], reasons: list[str], verdict: Callable[..., JobState]
+    run_dir: RunDir, statuses: dict[int, dict[str, Any]], world_size: int, verdict: Callable[..., JobState]
 ) -> JobState:
-    """A run with no scheduler job (a local run): the ranks' files are all there is."""
-    if any(f.reported for f in rank_failures(statuses, gone=lambda status: False)):
-        return verdict("FAILED", done=True, detail="; ".join(reasons))
-    if statuses:
-        return verdict("RUNNING?", done=False, detail="local run; ranks last reported running")
-    return verdict("UNKNOWN", done=False, detail="no job id and no rank status in this run dir")
+    """A run with no scheduler job (cluster=local or debug): the ranks' files, and whether the processes that
+    wrote them still run (a rank killed, or whose terminal was closed, never writes its end)."""
+    if not statuses:
+        return verdict("UNKNOWN", done=False, detail="no job id and no rank status in this run dir")
+    alive = {rank: rank_process_alive(s) for rank, s in statuses.items() if is_live(s)}
+    running = sorted(rank for rank, up in alive.items() if up is not False)
+    failures = rank_failures(statuses, gone=lambda status: rank_process_alive(status) is False)
+    if failures:
+        return verdict("FAILED", done=not running, detail=_local_failure(run_dir, failures, running))
+    if any(up is None for up in alive.values()):
+        host = next(str(statuses[rank].get("host")) for rank, up in alive.items() if up is None)
+        return verdict("RUNNING?", done=False, detail=f"local run on {host}: its processes cannot be checked here")
+    if running:
+        pids = ", ".join(str(statuses[rank].get("pid")) for rank in running)
+        return verdict("RUNNING", done=False, detail=f"local run; the ranks' processes run (pid {pids})")
+    missing = never_started(statuses, world_size)
+    if missing:
+        return verdict("FAILED", done=True, detail=f"ranks {missing} never started")
+    if {str(s.get("state")) for s in statuses.values()} <= {RankState.STOPPED.value, RankState.COMPLETED.value}:
+        step = max(int(s.get("step", 0)) for s in statuses.values())
+        detail = f"stopped at step {step} on a signal; resume: {resume_command(run_dir)}"
+        return verdict("STOPPED", done=True, detail=detail)
+    return verdict("UNKNOWN", done=False, detail="the ranks' statuses name no known state")
+
+
+def _local_failure(run_dir: RunDir, failures: list[RankFailure], running: list[int]) -> str:
+    """Which ranks failed or died, and what to do: cancel the ranks left, or resume from the last checkpoint."""
+    notes = [str(f) for f in failures]
+    if any(not f.reported for f in failures):
+        notes.append("a local rank that ends without a word was killed (SIGKILL, out of memory, its terminal closed)")
+    checkpoints = run_dir.checkpoint_files()
+    if running:
+        notes.append(f"ranks {running} still run; end them with: python -m hpc_train.jobs cancel {run_dir.path}")
+    elif checkpoints:
+        notes.append(f"resume from {checkpoints[-1].name}: {resume_command(run_dir)}")
+    return "; ".join(notes)

@@ -92,8 +92,8 @@ def _submit_array(
     from hpc_train.launch.slurm import submit_slurm
 
     run_dirs = [_run_dir(c) for c in sweep_configs]
-    for cfg, rd in zip(typed, run_dirs, strict=True):
-        write_config(cfg, rd)
+    for cfg, rd, overrides in zip(typed, run_dirs, job_overrides, strict=True):
+        write_config(cfg, rd, overrides)
     sweep_dir = Path(str(sweep_configs[0].hydra.sweep.dir))
     job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
     if job_ids:

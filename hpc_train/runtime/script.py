@@ -91,9 +91,9 @@ def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str, att
 def script_argv(script: ScriptConfig) -> list[str]:
     """The command line of the script: a file or module through ``script_boot``, or a command as it is."""
     if script.command:
-        return [script.command, *script.args]
+        return [script.command, *script.argv]
     target = [script.path] if script.path else ["-m", script.module]
-    return [sys.executable, "-m", "hpc_train.runtime.script_boot", *target, *script.args]
+    return [sys.executable, "-m", "hpc_train.runtime.script_boot", *target, *script.argv]
 
 
 class _StderrTail:
@@ -119,12 +119,19 @@ class _StderrTail:
 
 
 def run_script(
-    script: ScriptConfig, env: DistEnv, cluster: ClusterConfig, run_dir: str, timeout: timedelta, attempt: int = 0
+    script: ScriptConfig,
+    env: DistEnv,
+    cluster: ClusterConfig,
+    run_dir: str,
+    timeout: timedelta,
+    attempt: int = 0,
+    early_stop: int = 0,
 ) -> ScriptRun:
     """Run the script as a child process with the torchrun environment, until it exits.
 
     Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script;
-    the first stop signal among them is remembered.
+    the first stop signal among them is remembered. ``early_stop``: one that came during the rank's start-up,
+    passed on as soon as the script runs.
     """
     import torch.distributed as dist
 
@@ -147,6 +154,8 @@ def run_script(
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    if early_stop:
+        forward(early_stop, None)
     try:
         code = child.wait()
     finally:
@@ -156,7 +165,7 @@ def run_script(
     return ScriptRun(code, stopped_by, stderr.tail())
 
 
-def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
+def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_stop: int = 0) -> Fit:
     """The user's torchrun-style script instead of the trainer; it sets up its own process group.
 
     Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported
@@ -173,7 +182,7 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Fit:
         env.master_port,
     )
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
-    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt)
+    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt, early_stop)
     progress = rd.read_progress(env.rank)
     first, last = progress.get("first_step"), progress.get("step")
     start = None if first is None else int(first) - 1

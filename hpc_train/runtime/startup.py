@@ -1,4 +1,5 @@
-"""Start-up tuning, in one place: the garbage collector during start-up, the thread count, the device."""
+"""Start-up, in one place: stop signals caught from the first line, the garbage collector during start-up, the
+thread count, the device."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from hpc_train.config import Config
 from hpc_train.dist import DistEnv
+from hpc_train.train.stopping import EARLY_STOP_SIGNALS, StopSignals
 
 if TYPE_CHECKING:
     import torch
@@ -29,11 +31,21 @@ class Startup:
     def __init__(self) -> None:
         self._was_enabled = False
         self._done = False
+        self.signals = StopSignals(EARLY_STOP_SIGNALS)
+        """Stop signals caught from the first line of the worker on: one that comes while torch is still being
+        imported (Ctrl-C or a launcher's SIGTERM a second after launch) is kept for the trainer or the script,
+        instead of being swallowed by submitit's handler or killing the rank before it can checkpoint."""
 
     def __enter__(self) -> Startup:
+        self.signals.install()
         self._was_enabled = gc.isenabled()
         gc.disable()
         return self
+
+    @property
+    def stop_received(self) -> int:
+        """The stop signal caught during start-up (0: none)."""
+        return self.signals.received
 
     def done(self) -> None:
         """Start-up is over (the trainer is built): freeze its objects, collect again."""
@@ -43,6 +55,7 @@ class Startup:
             gc.enable()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.signals.restore()
         if self._was_enabled:  # cluster=debug runs the worker in the launcher's process
             gc.enable()
 

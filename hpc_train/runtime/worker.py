@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from hpc_train.config import Config
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
+from hpc_train.core.textutil import plural
 from hpc_train.dist import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, armed_fault
 from hpc_train.runtime.logs import setup_logging
@@ -61,7 +62,7 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
         from hpc_train.runtime.script import run_user_script
 
         startup.done()
-        fit = run_user_script(rd, env, cfg, attempt)
+        fit = run_user_script(rd, env, cfg, attempt, early_stop=startup.stop_received)
     else:
         fit = _train(rd, env, cfg, attempt, startup)
     if fit.completed:
@@ -77,23 +78,26 @@ def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup
     if fault is not None:
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
-    with _guards(rd, env, cfg, attempt) as (stop, watchdog), distributed(env, device, *timeouts):
+    with _guards(rd, env, cfg, attempt, startup) as (stop, watchdog), distributed(env, device, *timeouts):
         _publish_rank_table(rd, env, device, attempt)
         rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
         return _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
 
 
 @contextmanager
-def _guards(rd: RunDir, env: DistEnv, cfg: Config, attempt: int) -> Iterator[tuple[StopSignals, Watchdog]]:
+def _guards(
+    rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup
+) -> Iterator[tuple[StopSignals, Watchdog]]:
     """Stop signals and the watchdog, for the whole of training.
 
-    Signals are caught from before the rendezvous: one that comes during start-up is kept and acted on after
-    step 1. The watchdog ends a rank that stops making progress, after writing its stacks to the rank log.
+    Signals are caught from the worker's first line (``Startup``): one that comes during start-up is kept and
+    acted on after step 1, so the stop still leaves a checkpoint. The watchdog ends a rank that stops making progress, after writing its stacks to the rank log.
     """
     from hpc_train.train.stopping import StopSignals, signal_number
     from hpc_train.train.watchdog import Watchdog
 
     stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT]).install()
+    stop.received = stop.received or startup.stop_received  # a stop that came while torch was being imported
     with rd.rank_log(env.rank, attempt).open("a") as stream:
 
         def fired(why: str) -> None:
@@ -116,7 +120,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
     rows = gather_rank_table(env, device)
     if env.is_main:
         logging.getLogger("hpc_train").info(
-            "rank table (attempt %d, %d ranks):\n%s", attempt, len(rows), format_rank_table(rows)
+            "rank table (attempt %d, %s):\n%s", attempt, plural(len(rows), "rank"), format_rank_table(rows)
         )
         rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
 

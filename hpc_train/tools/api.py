@@ -43,7 +43,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    check_overrides(list(overrides))
+    check_overrides(list(overrides), [Path(config_dir)] if config_dir else None)
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from hpc_train.core.searchpath import ENV_VAR, user_config_dirs, user_profile_dir
+from hpc_train.core.searchpath import ENV_VAR, config_dir_arg, user_config_dirs, user_profile_dir
 
 __all__ = ["config_options", "help_text"]
 
@@ -33,17 +33,8 @@ def config_options(extra_dirs: list[Path]) -> dict[str, list[str]]:
     return {group if group in GROUPS else f"+{group}": sorted(names) for group, names in options.items()}
 
 
-def _config_dir_arg(argv: list[str]) -> list[Path]:
-    for i, arg in enumerate(argv):
-        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
-            return [Path(argv[i + 1])]
-        if arg.startswith("--config-dir="):
-            return [Path(arg.split("=", 1)[1])]
-    return []
-
-
 def help_text(argv: list[str]) -> str:
-    dirs = [*_config_dir_arg(argv), *user_config_dirs()]
+    dirs = [*config_dir_arg(argv), *user_config_dirs()]
     groups = "\n".join(f"  {group:8s} {', '.join(names)}" for group, names in config_options(dirs).items())
     searched = "\n".join(f"  {d}" for d in dirs) or "  (none yet)"
     return f"""\

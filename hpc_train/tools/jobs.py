@@ -22,7 +22,8 @@ from typing import Any
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import read_json
-from hpc_train.core.rundir import JOB_RECORD, RunDir
+from hpc_train.core.metrics import metric_keys
+from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table
 from hpc_train.launch.state import JobState, job_state
@@ -158,27 +159,16 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
 
 
 def cmd_collect(runs: list[RunDir]) -> int:
-    records = [rd.read_job_record() for rd in runs]
-    # Show what the elements differ in; what they share is noise in every row.
-    shared = set.intersection(*(set(r.get("overrides", [])) for r in records)) if records else set()
+    finals = [rd.last_metrics() for rd in runs]
+    keys = metric_keys(finals)  # the losses, the validation metric and any other number the rows hold
     rows = []
-    for index, (rd, record) in enumerate(zip(runs, records, strict=True)):
+    # Each element's overrides less those all share: what they share is noise in every row.
+    for index, (rd, label, final) in enumerate(zip(runs, run_labels(runs), finals, strict=True)):
         state = _state(rd)
-        m = rd.last_metrics()
-        overrides = " ".join(o for o in record.get("overrides", []) if o not in shared) or "-"
         rows.append(
-            [
-                index,
-                overrides,
-                state.job_id or "-",
-                state.state,
-                m.get("step"),
-                m.get("train_loss"),
-                m.get("val_loss"),
-                m.get("val_acc"),
-            ]
+            [index, label or "-", state.job_id or "-", state.state, final.get("step"), *(final.get(k) for k in keys)]
         )
-    header = ["#", "overrides", "job", "state", "step", "train_loss", "val_loss", "val_acc"]
+    header = ["#", "overrides", "job", "state", "step", *keys]
     print(format_table(header, [[_fmt(c) for c in row] for row in rows]))
     return 0
 

@@ -1,7 +1,8 @@
 """``python -m hpc_train.plot RUN_DIR [RUN_DIR ...]``: PNG curves of metrics.jsonl.
 
 Each run gets ``plots/loss.png`` (train and validation loss) and ``plots/metrics.png`` (validation metric and
-learning rate). With several runs (a sweep's elements) ``--compare OUT.png`` overlays their validation loss.
+learning rate). With several runs (a sweep's elements) ``--compare OUT.png`` overlays their validation loss,
+each run labelled by the overrides that set it apart.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def table(facts: ClusterFacts) -> str:
             p.nodes,
             _gpus(p),
             p.cpus,
-            f"{p.mem_mb / 1024:g}G",
+            f"{p.mem_mb / 1024:.1f}G".replace(".0G", "G"),
             _time(p.max_time_min),
             "yes" if p.default else "",
             p.state,

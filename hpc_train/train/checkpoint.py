@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "capture_rng",
     "find_resumable",
     "load_checkpoint",
+    "load_init_weights",
     "prune_checkpoints",
     "restore_rng",
     "save_atomic",
@@ -102,3 +104,26 @@ def find_resumable(files: list[Path]) -> tuple[Path, dict[str, Any]] | None:
         except ValueError as exc:
             log.warning("skipping a damaged checkpoint: %s", exc)
     return None
+
+
+def load_init_weights(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The model weights ``trainer.init_from`` names: a run dir's model_final.pt (else its newest complete
+    checkpoint), a plain state dict, or a checkpoint's model. ConfigError when there are none."""
+    from hpc_train.core.rundir import RunDir
+
+    path = source
+    if source.is_dir():
+        run = RunDir(source)
+        found = find_resumable(run.checkpoint_files())
+        path = run.model_final if run.model_final.is_file() else (found[0] if found else run.model_final)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read means there is nothing to start from
+        raise ConfigError(
+            f"trainer.init_from={str(source)!r}: {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}). "
+            "HINT: name a run dir with model_final.pt or a checkpoint, or a model_*.pt / step_*.pt file."
+        ) from None
+    weights = state["model"] if isinstance(state, dict) and "model" in state and "optimizer" in state else state
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ConfigError(f"trainer.init_from={str(source)!r}: {path} holds no model state dict")
+    return path, weights

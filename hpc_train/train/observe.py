@@ -64,7 +64,7 @@ class Observer:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only once there is a row
 
-            self._writer = SummaryWriter(str(self.run_dir.tensorboard))
+            self._writer = SummaryWriter(str(self.run_dir.tensorboard_run))  # named after the run's overrides
         for key, value in row.items():
             if key not in ("step", "epoch") and isinstance(value, int | float) and not isinstance(value, bool):
                 self._writer.add_scalar(key, value, row["step"])
@@ -77,7 +77,8 @@ class Observer:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self.main and self.tc.plots and self.run_dir.metrics.exists():
+        # Nothing to draw before the first logged row (a stop during the first steps).
+        if self.main and self.tc.plots and self.run_dir.metrics.exists() and self.run_dir.metrics.stat().st_size:
             from hpc_train.train.plots import plot_run
 
             try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpc_train.core.rundir import RunDir
+from hpc_train.core.rundir import RunDir, run_labels
 
 __all__ = ["plot_compare", "plot_run", "pyplot", "save"]
 
@@ -74,11 +74,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
 
 def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Path:
-    """One figure with ``key`` of every run."""
+    """One figure with ``key`` of every run, each labelled by the overrides it does not share with the others."""
+    runs = [RunDir(Path(run_dir)) for run_dir in run_dirs]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run_dir in run_dirs:
-        ax.plot(*_series(RunDir(run_dir).read_metrics(), key), "o-", label=run_dir.name)
+    for rd, label in zip(runs, run_labels(runs), strict=True):
+        ax.plot(*_series(rd.read_metrics(), key), "o-", label=label or rd.path.name)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)

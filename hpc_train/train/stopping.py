@@ -18,7 +18,11 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any
 
-__all__ = ["StopSignals", "signal_number"]
+__all__ = ["EARLY_STOP_SIGNALS", "StopSignals", "signal_number"]
+
+EARLY_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+"""Caught from a rank's first line, before its config (and so cluster.signal) is read: any of them asks the
+rank to stop, which is what each would have done anyway (USR1/USR2 kill an unprepared process)."""
 
 
 def signal_number(name: str) -> int:

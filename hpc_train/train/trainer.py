@@ -25,11 +25,13 @@ from hpc_train.config import Config
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
+from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.dist import DistEnv
 from hpc_train.train.checkpoint import (
     capture_rng,
     find_resumable,
     load_checkpoint,
+    load_init_weights,
     prune_checkpoints,
     restore_rng,
     save_atomic,
@@ -133,7 +135,8 @@ class Trainer:
             total=self.total_steps,
             desc="train",
             unit="step",
-            disable=not (env.is_main and tc.progress_bar),
+            # A bar redraws with carriage returns: only where a terminal shows it, not in piped or batch logs.
+            disable=not (env.is_main and tc.progress_bar and shows_progress_bar()),
             file=sys.stderr,
             mininterval=1.0,
             dynamic_ncols=False,
@@ -149,6 +152,8 @@ class Trainer:
         """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
         self._first_row_written = False
         self._progress_at = 0.0
+        self._saved_step = -1
+        """The step of this attempt's latest checkpoint, on every rank (-1: none yet)."""
         self._checkpointed: tuple[int, float] | None = None
         """The step and time of this attempt's latest checkpoint."""
         self._resume()
@@ -194,6 +199,7 @@ class Trainer:
                     hook(self.step)
                 early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
                 if early_stop or self.step >= self.total_steps:
+                    self._save_end_checkpoint()
                     self._save_final()
                     return COMPLETED
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
@@ -203,6 +209,7 @@ class Trainer:
                     return STOPPED
             self.epoch += 1
             self.step_in_epoch = 0
+        self._save_end_checkpoint()
         self._save_final()
         return COMPLETED
 
@@ -337,7 +344,7 @@ class Trainer:
         self.metrics.write(row)
         self.observer.scalars(row)
         if self.env.is_main:
-            text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+            text = " ".join(f"{k}={_shown(k, v)}" for k, v in row.items())
             self.progress.set_postfix(
                 loss=f"{row['train_loss']:.4f}", samples_s=f"{row['samples_per_s']:.0f}", refresh=False
             )
@@ -419,7 +426,14 @@ class Trainer:
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
             self._checkpointed = (self.step, time.time())
             self._report_progress()
+        self._saved_step = self.step
         dist.barrier(group=self.control)
+
+    def _save_end_checkpoint(self) -> None:
+        """A complete run keeps a checkpoint of its last step too, so that a resubmission with a larger
+        trainer.max_steps goes on from there instead of from step 0. Every rank calls this at the same step."""
+        if self._saved_step != self.step:
+            self._save_checkpoint("end of training")
 
     def _checkpoint_state(self, ranks: list[Any]) -> dict[str, Any]:
         return {
@@ -450,6 +464,9 @@ class Trainer:
             choice = [str(found[0])]
         dist.broadcast_object_list(choice, src=0, group=self.control)
         if choice[0] is None:
+            if self.env.is_main:  # rows of an attempt that left no checkpoint: this one trains those steps again
+                self.run_dir.drop_metrics_after(0)
+            self._init_from()
             return
         path = Path(choice[0])
         state = found[1] if found is not None else load_checkpoint(path)  # rank 0 has read it already
@@ -476,6 +493,26 @@ class Trainer:
             self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()
         log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
+
+    def _init_from(self) -> None:
+        """A new run from the weights of an earlier one (trainer.init_from); every rank reads the same file."""
+        source = self.cfg.trainer.init_from
+        if not source:
+            return
+        path, weights = load_init_weights(Path(source).expanduser())
+        try:
+            result = self.raw_model.load_state_dict(weights, strict=False)
+            problem = ""
+            if result.missing_keys or result.unexpected_keys:
+                problem = f"missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
+        except RuntimeError as exc:  # a shape that differs
+            problem = str(exc).splitlines()[-1].strip()[:300]
+        if problem:
+            raise ConfigError(
+                f"trainer.init_from={source!r}: the weights in {path} do not fit this model ({problem}). HINT: use "
+                "the same model config as the run that wrote them."
+            )
+        log.info("initialised the model from %s (weights only; optimizer and step start afresh)", path)
 
     def _prime_ddp_buckets(self) -> None:
         """Give a resumed DDP model the gradient-bucket layout the uninterrupted run has at this step.
@@ -519,3 +556,10 @@ class Trainer:
         self.progress.close()
         self.metrics.close()
         self.observer.close()
+
+
+def _shown(key: str, value: Any) -> str:
+    """A metrics row value for the log line: a timestamp (``*_at``) as the time of day, floats to 4 digits."""
+    if key.endswith("_at") and isinstance(value, float):
+        return time.strftime("%H:%M:%S", time.localtime(value))
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -66,6 +66,8 @@ def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     dry, run_dir = ten_steps(tmp_path, "cluster.dry_run=true")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
+    checked = "dry run checked the request against the cluster's partitions and limits (asked Slurm just now)"
+    assert f"{checked} and by Slurm itself (sbatch --test-only)" in dry.stdout, dry.stdout[-1000:]
     assert not (run_dir / "job.json").exists()
     script = run_dir / "job.sbatch"
     job_id = subprocess.run(
@@ -144,10 +146,16 @@ def test_hostile_names_are_inert(tmp_path: Path) -> None:
     assert_trained_on_two_hosts(run_dir)
 
 
-def test_unknown_partition_is_refused_before_submission(tmp_path: Path) -> None:
-    """Checked against the live cluster: one clean line naming the key and the partitions there are."""
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_unknown_partition_is_refused_before_submission(tmp_path: Path, dry_run: bool) -> None:
+    """Checked against the live cluster, a dry run too: one clean line naming the key and the partitions."""
     proc = cli(
-        "hpc_train", *TWO_BY_TWO, "cluster.partition=nosuchpartition", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path
+        "hpc_train",
+        *TWO_BY_TWO,
+        "cluster.partition=nosuchpartition",
+        f"cluster.dry_run={str(dry_run).lower()}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
     )
     assert proc.returncode == 2
     assert "cluster.partition='nosuchpartition' cannot run: there is no partition" in proc.stderr, proc.stderr[-2000:]

@@ -157,3 +157,27 @@ def composed_lr(run_dir: Path) -> float:
     from hpc_train.config import load_config
 
     return load_config(run_dir / "config.yaml").trainer.lr
+
+
+def test_train_longer_in_the_same_run_dir_and_start_from_its_weights(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Raising trainer.max_steps goes on from the run's last checkpoint; a key that changes what was trained is
+    refused by name; trainer.init_from starts a new run from the weights."""
+    job = [*SMALL, "trainer.progress_bar=false", "trainer.plots=false", "trainer.tensorboard=false"]
+    first, run_dir = run_cli(*job, "trainer.max_steps=10")
+    assert first.returncode == 0, first.stderr[-2000:]
+    longer, _ = run_cli(*job, "trainer.max_steps=20", run_dir=run_dir)
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    assert "resuming" in longer.stdout and "trainer.max_steps" in longer.stdout
+    steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "train_loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 20 and steps[0] == 5, steps  # 5, 10 from the first run
+    refused, _ = run_cli(*job, "trainer.max_steps=20", "trainer.lr=0.1", run_dir=run_dir)
+    assert refused.returncode == 2
+    assert "trainer.lr: 0.001 -> 0.1" in refused.stderr and "trainer.init_from=" in refused.stderr, refused.stderr
+
+    fresh, new_dir = run_cli(*job, "trainer.max_steps=5", f"trainer.init_from={run_dir}", run_dir=tmp_path / "new")
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    assert f"initialised the model from {run_dir / 'model_final.pt'}" in (new_dir / "logs" / "rank_0.log").read_text()
+    first_loss = read_metrics(run_dir / "metrics.jsonl")[0]["train_loss"]
+    assert read_metrics(new_dir / "metrics.jsonl")[0]["train_loss"] < first_loss  # it starts where the first ended
+    missing, _ = run_cli(*job, "trainer.init_from=nowhere", run_dir=tmp_path / "bad")
+    assert missing.returncode == 2 and "trainer.init_from='nowhere': no such file or run dir" in missing.stderr

@@ -130,3 +130,50 @@ def test_ctrl_c_checkpoints_and_the_rerun_resumes(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [s for s, _ in losses(run_dir)]
     assert steps == sorted(set(steps)) and steps[-1] == 400  # each row once: the rerun redid none, lost none
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """Processes whose command line names the run dir (the ranks: submitit's _submit with its folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if str(run_dir).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("after_s", [0.5, 1.5, 3.0, 6.0])
+def test_ctrl_c_at_any_moment_of_start_up_ends_the_run(tmp_path: Path, after_s: float) -> None:
+    """Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) while the launcher composes,
+    while the ranks import torch, and around the first step: the run ends promptly, no rank is left behind, and
+    where a step was done, every rank stopped at the same one with its checkpoint."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *JOB, "trainer.max_steps=4000"]
+    launcher = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        process_group=0,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(after_s)
+    os.killpg(launcher.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = launcher.communicate(timeout=90)
+    took = time.monotonic() - start
+    assert launcher.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert took < 45, f"the run took {took:.0f}s to end after Ctrl-C"
+    time.sleep(0.5)
+    assert not _processes_of(run_dir), "ranks were left behind"
+    statuses = RunDir(run_dir).read_statuses() if run_dir.exists() else {}
+    steps = {s.get("step") for s in statuses.values()}
+    if statuses and {s["state"] for s in statuses.values()} == {"stopped"} and steps != {0}:
+        assert len(steps) == 1, statuses
+        assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
+    else:
+        assert "interrupted" in err, err[-2000:]

@@ -14,6 +14,7 @@ import torch
 from hpc_train.api import submit
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.metrics import read_metrics
+from hpc_train.core.rundir import RunDir
 
 from ..conftest import REPO
 from .test_local_runs import SMALL, weights
@@ -104,7 +105,7 @@ def test_observers_write_tensorboard_profile_and_plots(run_cli, tmp_path: Path) 
     ok(proc)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events = EventAccumulator(str(RunDir(run_dir).tensorboard_run))  # tensorboard/<the run's overrides>
     events.Reload()
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [e.step for e in events.Scalars("train_loss")] == [r["step"] for r in rows]
@@ -129,15 +130,20 @@ def test_built_in_models_train(run_cli, model: list[str]) -> None:  # type: igno
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
 
-@pytest.mark.parametrize("how", ["path", "command"])
+@pytest.mark.parametrize("how", ["path", "command", "string", "passthrough"])
 def test_torchrun_style_script_on_two_local_ranks(run_cli, tmp_path: Path, how: str) -> None:  # type: ignore[no-untyped-def]
-    """script.path, and script.command: an executable run as it is (the interpreter, as a console script)."""
-    out = tmp_path / "out"
+    """script.path, and script.command: an executable run as it is (the interpreter, as a console script); the
+    arguments as a list, as one string split like a shell would, or after a lone --."""
+    out = tmp_path / "out a,b=c"
     out.mkdir()
     if how == "path":
-        proc, _ = run_cli(f"script.path={TUTORIAL}", f"script.args=[--out,{out}]")
+        proc, _ = run_cli(f"script.path={TUTORIAL}", f"script.args=[--out,'{out}']")
+    elif how == "string":
+        proc, _ = run_cli(f"script.path={TUTORIAL}", f"script.args='--out \"{out}\"'")
+    elif how == "passthrough":
+        proc, _ = run_cli(f"script.path={TUTORIAL}", "--", "--out", str(out))
     else:
-        proc, _ = run_cli(f"script.command={sys.executable}", f"script.args=[{TUTORIAL},--out,{out}]")
+        proc, _ = run_cli(f"script.command={sys.executable}", f"script.args=[{TUTORIAL},--out,'{out}']")
     ok(proc)
     seen = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(s["rank"], s["local_rank"], s["world_size"]) for s in seen] == [(0, 0, 2), (1, 1, 2)]

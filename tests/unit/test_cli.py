@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -54,3 +55,55 @@ def test_invalid_hostlist_is_refused_with_the_reason(value: str, reason: str) ->
     expected = rf"cluster\.exclude={re.escape(repr(value))} is invalid: not a Slurm hostlist \({reason}\)"
     with pytest.raises(ConfigError, match=expected):
         compose_config("cluster=slurm", f'cluster.exclude="{value}"')
+
+
+def test_dry_run_without_slurm_says_what_it_did_not_check(tmp_path: Path) -> None:
+    """On a laptop (no sinfo, no sbatch on PATH, no recorded facts) a dry run says plainly that nothing was checked."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train", "cluster=slurm", "cluster.dry_run=true", f"hydra.run.dir={tmp_path / 'r'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PATH": str(bare)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "dry run did NOT check the request: no Slurm answers here" in proc.stdout
+
+
+def test_a_group_of_your_own_gets_the_plus_hint(tmp_path: Path) -> None:
+    from hpc_train.config import check_overrides
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "quick.yaml").write_text("# @package _global_\n")
+    with pytest.raises(ConfigError, match=r"experiment=quick: .*HINT: add it with a plus: \+experiment=quick"):
+        check_overrides(["--config-dir", str(tmp_path), "experiment=quick"])
+
+
+def test_what_can_be_checked_before_launch_is(tmp_path: Path) -> None:
+    """A _target_ that does not take a configured key, and GPUs this machine does not have: one block, exit 2,
+    before any rank starts (no run dir content beyond what Hydra makes)."""
+    from hpc_train.launch.preflight import check_devices
+
+    proc = run(
+        "model=custom",
+        "model._target_=torch.nn.Linear",
+        "+model.in_features=784",
+        "+model.out_features=10",
+        "+model.widht=3",
+        f"hydra.run.dir={tmp_path / 'r'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "model.widht is configured, but torch.nn.Linear() takes no argument 'widht'" in proc.stderr
+    assert "in_features, out_features, bias, device, dtype" in proc.stderr
+    assert not (tmp_path / "r" / "rank_table.json").exists()
+    cfg = compose_config("cluster=debug", "trainer.device=cuda")
+    with pytest.raises(ConfigError, match=r"trainer\.device=cuda asks for 1 GPU\(s\), but torch sees 0"):
+        check_devices(cfg, cuda_count=lambda: 0)
+    check_devices(cfg, cuda_count=lambda: 1)
+    cfg = compose_config("cluster.gpus_per_node=2")
+    with pytest.raises(ConfigError, match=r"cluster\.gpus_per_node=2 asks for 2 GPU\(s\), but torch sees 1"):
+        check_devices(cfg, cuda_count=lambda: 1)

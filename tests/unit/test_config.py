@@ -128,9 +128,11 @@ def test_write_config_refuses_to_replace_another_run(tmp_path: Path) -> None:
     write_config(composed(), run_dir)
     write_config(composed(), run_dir)  # the same config again is fine (re-running in place)
     before = run_dir.config.read_text()
-    with pytest.raises(ConfigError, match=r"already holds a run with a different config\.yaml"):
-        write_config(composed("trainer.lr=0.5"), run_dir)
+    with pytest.raises(ConfigError, match=r"differs in what that run was trained with \(trainer\.lr: 0\.001 -> 0\.5\)"):
+        write_config(composed("trainer.lr=0.5", "trainer.max_steps=50"), run_dir)
     assert run_dir.config.read_text() == before
+    write_config(composed("trainer.max_steps=50", "trainer.log_every_n_steps=5"), run_dir)  # train longer: fine
+    assert load_config(run_dir.config).trainer.max_steps == 50
 
 
 def _schema_of(yaml_file: Path) -> type:
@@ -220,3 +222,14 @@ def test_early_stopping_direction_follows_the_final_monitor(overrides: list[str]
 )
 def test_max_steps_lifts_the_default_epoch_limit(overrides: list[str], epoch_limit: int) -> None:
     assert composed(*overrides).trainer.epoch_limit == epoch_limit
+
+
+def test_script_args_as_a_string_split_like_a_shell(tmp_path: Path) -> None:
+    from hpc_train.config import ScriptConfig, check_override_syntax
+
+    assert ScriptConfig(args='--tag "a,b" --lr=1e-3').argv == ["--tag", "a,b", "--lr=1e-3"]
+    assert ScriptConfig(args=["--epochs", 3]).argv == ["--epochs", "3"]
+    with pytest.raises(ConfigError, match=r"script\.args=.*balanced quotes.*HINT: script\.args='--tag"):
+        ScriptConfig(args='--tag "a')
+    with pytest.raises(ConfigError, match=r"HINT: give the arguments as one string.*or after a lone --"):
+        check_override_syntax(['script.args=[--tag,"a,b",--lr=1e-3]'])

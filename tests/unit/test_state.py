@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hpc_train.core.rundir import RunDir, write_json_atomic
+from hpc_train.core.rundir import RunDir, run_labels, write_json_atomic
+from hpc_train.core.state import process_start, signal_live_ranks
 from hpc_train.launch.state import job_state
 from hpc_train.tools.jobs import main as jobs_main
 from hpc_train.tools.jobs import resolve_target
@@ -208,3 +213,168 @@ def test_a_failed_submission_folder_is_no_sweep_and_a_broken_config_no_traceback
     broken.config.write_text("cluster: {launcher: slurm, spare_nodes: -1}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
     assert jobs_main(["status", str(broken.path)]) == 2
     assert "cluster.spare_nodes=-1 is invalid" in capsys.readouterr().err
+
+
+# ---- local runs: whether the ranks' processes run ------------------------------------------------------------
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+def local_run(tmp_path: Path, states: dict[int, str], overrides: list[str] | None = None, **extra: Any) -> RunDir:
+    """A local run dir (a config of 2 ranks, no job.json) whose ranks last wrote ``states`` from this process."""
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rd.config.write_text("cluster: {tasks_per_node: 2}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
+    rd.write_overrides(overrides or [])
+    for rank, state in states.items():
+        rd.write_status(rank, state, step=40, **extra)
+    return rd
+
+
+def test_local_run_stopped_on_a_signal_says_how_to_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rd = local_run(tmp_path, {0: "stopped", 1: "stopped"}, ["trainer.lr=0.1", "data.name=a b"])
+    state = job_state(rd, 2)
+    assert (state.state, state.done, state.ok) == ("STOPPED", True, False)
+    resume = f"python -m hpc_train hydra.run.dir={rd.path} trainer.lr=0.1 'data.name=a b'"
+    assert state.detail == f"stopped at step 40 on a signal; resume: {resume}"
+    assert jobs_main(["status", str(rd.path)]) == 0
+    assert "STOPPED" in capsys.readouterr().out
+
+
+def test_local_rank_whose_process_is_gone_died(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C twice, kill -9 or a closed terminal: the ranks never write their end, and their pids are gone."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rd = local_run(tmp_path, {0: "running", 1: "running"}, pid=dead_pid())
+    rd.checkpoint(20).parent.mkdir()
+    rd.checkpoint(20).write_bytes(b"")
+    state = job_state(rd, 2)
+    assert (state.state, state.done) == ("FAILED", True)
+    assert "rank 0 on " in state.detail and "exited without reporting" in state.detail
+    assert f"resume from step_000000020.pt: python -m hpc_train hydra.run.dir={rd.path}" in state.detail
+
+
+def test_local_run_whose_processes_run_is_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    state = job_state(local_run(tmp_path, {0: "running", 1: "starting"}), 2)  # this test's process wrote them
+    assert (state.state, state.done) == ("RUNNING", False)
+    assert str(os.getpid()) in state.detail
+
+
+def test_a_reused_pid_is_not_the_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pid runs, but the process holding it started at another time than the rank's did."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = process_start(other.pid)
+        assert started is not None and process_start(dead_pid()) is None
+        rd = local_run(tmp_path, {0: "running", 1: "running"}, pid=other.pid, pid_start=started - 1)
+        assert job_state(rd, 2).state == "FAILED"
+        assert signal_live_ranks(rd.read_statuses()) == []  # jobs cancel leaves the process holding the pid alone
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_local_rank_on_another_host_cannot_be_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    state = job_state(local_run(tmp_path, {0: "running", 1: "running"}, host="elsewhere", pid=dead_pid()), 2)
+    assert (state.state, state.done) == ("RUNNING?", False) and "elsewhere" in state.detail
+
+
+# ---- the overrides that made a run, as its label -------------------------------------------------------------
+
+
+def local_sweep(tmp_path: Path) -> Path:
+    """A local sweep: overrides.json in each element, no job.json; a user's metric and an extra number."""
+    root = tmp_path / "multirun" / "local"
+    for i, lr in enumerate(["0.1", "0.2"]):
+        rd = RunDir(root / str(i))
+        rd.path.mkdir(parents=True)
+        rd.config.write_text("cluster: {tasks_per_node: 1}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
+        rd.write_overrides(["model=mlp", f"trainer.lr={lr}"])
+        rd.write_status(0, "completed", step=10)
+        row = {"step": 10, "train_loss": 0.5, "val_loss": 0.25, "val_metric": 0.75 + i / 10, "bleu": 30 + i}
+        rd.metrics.write_text(json.dumps({**row, "lr": 0.1, "val_samples": 64, "best": True}) + "\n")
+    return root
+
+
+def test_collect_labels_a_local_sweep_and_shows_every_metric(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert jobs_main(["collect", str(local_sweep(tmp_path))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [
+        "#",
+        "overrides",
+        "job",
+        "state",
+        "step",
+        "train_loss",
+        "val_loss",
+        "bleu",
+        "val_metric",
+    ]
+    assert lines[1].split() == ["0", "trainer.lr=0.1", "-", "COMPLETED", "10", "0.5", "0.25", "30", "0.75"]
+    assert lines[2].split()[:2] == ["1", "trainer.lr=0.2"] and lines[2].split()[-1] == "0.85"
+
+
+def test_overrides_of_older_run_dirs_come_from_job_json_or_hydra(tmp_path: Path) -> None:
+    slurm, hydra = RunDir(tmp_path / "slurm"), RunDir(tmp_path / "hydra")
+    write_json_atomic(slurm.job_record, {"job_id": "5", "overrides": ["cluster=slurm"]})
+    (hydra.path / ".hydra").mkdir(parents=True)
+    (hydra.path / ".hydra" / "overrides.yaml").write_text("- trainer.lr=0.1\n- 'data.name=a: b'\n")
+    assert slurm.read_overrides() == ["cluster=slurm"]
+    assert hydra.read_overrides() == ["trainer.lr=0.1", "data.name=a: b"]
+    assert RunDir(tmp_path / "none").read_overrides() == []
+    assert run_labels([slurm, hydra]) == ["cluster=slurm", "trainer.lr=0.1 data.name=a: b"]
+
+
+def test_write_config_records_the_overrides_of_the_hydra_job(tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpc_train.config import register_configs
+    from hpc_train.launch import write_config
+    from hpc_train.tools.api import compose_config
+
+    cfg = compose_config("trainer.lr=0.5")
+    write_config(cfg, RunDir(tmp_path / "given"), ["trainer.lr=0.5"])  # a Slurm array element's
+    assert RunDir(tmp_path / "given").read_overrides() == ["trainer.lr=0.5"]
+    register_configs()
+    with initialize_config_module(config_module="hpc_train.conf", version_base="1.3"):
+        raw = compose(config_name="config", overrides=["trainer.lr=0.5"], return_hydra_config=True)
+    HydraConfig.instance().set_config(raw)  # what Hydra does for a run, or a local sweep's element
+    try:
+        write_config(cfg, RunDir(tmp_path / "hydra"))
+    finally:
+        HydraConfig.instance().cfg = None
+    assert RunDir(tmp_path / "hydra").read_overrides() == ["trainer.lr=0.5"]
+
+
+def test_plot_compare_and_tensorboard_name_runs_by_their_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpc_train.train import plots
+
+    root = local_sweep(tmp_path)
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+    plots.plot_compare([root / "0", root / "1"], tmp_path / "compare.png")
+    assert figures[0].axes[0].get_legend_handles_labels()[1] == ["trainer.lr=0.1", "trainer.lr=0.2"]
+    plots.pyplot().close(figures[0])
+    element = RunDir(root / "0")
+    assert element.tensorboard_run == element.tensorboard / "model=mlp,trainer.lr=0.1"
+    element.write_overrides(["data.path=/a/b"])
+    assert element.tensorboard_run == element.tensorboard / "data.path=_a_b"
+    element.write_overrides([])
+    assert element.tensorboard_run == element.tensorboard

@@ -129,3 +129,27 @@ def test_fault_spec() -> None:
         fault.at_step(1, 3)
     with pytest.raises(ValueError, match="HPC_TRAIN_FAULT"):
         fault_from_env("rank=1")
+
+
+def test_your_own_model_options_keys_are_overridable(tmp_path: Path) -> None:
+    """model.width=128 for a user's conf/model/tiny.yaml (the README's layout), in a sweep too; a typo lists
+    that option's keys, not the built-in models'."""
+    from hpc_train.config import check_overrides
+    from hpc_train.tools.api import compose_config
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tiny.yaml").write_text("_target_: torch.nn.Linear\nin_features: 784\nout_features: 10\n")
+    (tmp_path / "model" / "wide.yaml").write_text("defaults: [schema_mlp, _self_]\nname: mlp\nhidden_sizes: [512]\n")
+    cfg = compose_config("model=tiny", "model.out_features=7", config_dir=tmp_path)
+    assert cfg.model["out_features"] == 7
+    check_overrides(["-m", "model=tiny", "model.out_features=3,5"], [tmp_path])
+    check_overrides(["--config-dir", str(tmp_path), "model=tiny", "model.out_features=3"])
+    with pytest.raises(
+        ConfigError, match=r"valid keys in model \(option tiny\): _target_, in_features, out_features\."
+    ):
+        check_overrides(["model=tiny", "model.in_feature=3"], [tmp_path])
+    with pytest.raises(ConfigError, match=r"did you mean model\.hidden_sizes\?"):
+        check_overrides(["model=wide", "model.hiden_sizes=[3]"], [tmp_path])
+    # The built-in default (mlp) still lists its own keys only.
+    with pytest.raises(ConfigError, match=r"valid keys in model \(option mlp\):"):
+        check_overrides(["model.width=3"], [tmp_path])

@@ -66,8 +66,8 @@ def test_min_delta_and_no_patience(process_group) -> None:  # type: ignore[no-un
 
 
 def test_auto_mode_follows_the_metric() -> None:
-    assert EarlyStoppingConfig(monitor="val_loss").mode == "min"
-    assert EarlyStoppingConfig(monitor="val_acc").mode == "max"
+    assert EarlyStoppingConfig(monitor="val_loss").direction == "min"
+    assert EarlyStoppingConfig(monitor="val_acc").direction == "max"
 
 
 def test_strategies_wrap(process_group) -> None:  # type: ignore[no-untyped-def]
@@ -141,7 +141,11 @@ def test_torchrun_environment_of_a_slurm_rank() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["trainer.strategy=dp"], r"trainer\.strategy=dp runs one process, but the cluster asks for 2 ranks"),
+        (
+            ["trainer.strategy=dp", "cluster.gpus_per_node=2"],
+            r"trainer\.strategy=dp runs one process, but the cluster asks for 2 ranks",
+        ),
+        (["trainer.strategy=dp", "cluster.tasks_per_node=1"], r"strategy=dp .* but this run has no GPU .* silently"),
         (["model=transformer"], r"does not suit model=transformer, which needs \[tokens, features\]"),
         (["trainer.early_stopping.monitor=val_metric"], r"monitor=val_metric needs trainer\.metric"),
         (["trainer.precision=fp8"], r"trainer\.precision='fp8'"),

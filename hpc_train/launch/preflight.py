@@ -1,0 +1,140 @@
+"""Checks that need more than the config itself, run once in the launcher before any rank starts.
+
+Config validation is pure (config in, errors out). These look at the machine and the user's code: whether the
+GPUs a local run asks for are here, and whether each ``_target_`` accepts the keys configured for it. Either
+mistake would otherwise surface on every rank, as a traceback, after start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc_train.config import Config
+from hpc_train.core.errors import ConfigError
+
+__all__ = ["check_devices", "check_init_from", "check_targets", "preflight"]
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def preflight(cfg: Config) -> None:
+    """Every pre-launch check; ConfigError naming the key, the value and the fix."""
+    check_devices(cfg)
+    check_targets(cfg)
+    check_init_from(cfg)
+
+
+def check_init_from(cfg: Config) -> None:
+    """trainer.init_from names something that exists (the ranks read it from the same folder)."""
+    source = cfg.trainer.init_from
+    if source and not Path(source).expanduser().exists():
+        raise ConfigError(
+            f"trainer.init_from={source!r}: no such file or run dir (from {os.getcwd()}). HINT: give the run dir "
+            "of the run to start from, e.g. trainer.init_from=outputs/2026-11-25/10-00-00.000000"
+        )
+
+
+def check_devices(cfg: Config, cuda_count: Callable[[], int] | None = None) -> None:
+    """A local or debug run trains on this machine: the GPUs it asks for must be here."""
+    if cfg.cluster.launcher == "slurm" or cfg.script.enabled:
+        return
+    wants = cfg.cluster.gpus_per_node or (1 if cfg.trainer.device == "cuda" else 0)
+    if not wants:
+        return
+    if cuda_count is None:
+        import torch
+
+        cuda_count = torch.cuda.device_count
+    have = cuda_count()
+    if have >= wants:
+        return
+    key, value = (
+        ("cluster.gpus_per_node", cfg.cluster.gpus_per_node)
+        if cfg.cluster.gpus_per_node
+        else ("trainer.device", cfg.trainer.device)
+    )
+    raise ConfigError(
+        f"{key}={value} asks for {wants} GPU(s), but torch sees {have} on this machine "
+        f"(cluster.launcher={cfg.cluster.launcher} runs here). HINT: set cluster.gpus_per_node=0 "
+        "trainer.device=auto to train on the CPU, or run on GPU nodes with cluster=slurm."
+    )
+
+
+def _target_nodes(cfg: Config) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    nodes = {
+        "model": cfg.model,
+        "data.dataset": cfg.data.dataset,
+        "trainer.loss": cfg.trainer.loss,
+        "trainer.metric": cfg.trainer.metric,
+    }
+    for key, node in nodes.items():
+        if isinstance(node, Mapping) and isinstance(node.get("_target_"), str):
+            yield key, node
+
+
+def _resolve(path: str) -> Any:
+    """The object a ``_target_`` names (``pkg.mod.Class``, ``pkg.mod.func``), imported as the ranks will: they
+    run ``python -m ...`` from this folder, so it is on their path even when this is the ``hpc-train`` script."""
+    parts = path.split(".")
+    sys.path.insert(0, os.getcwd())
+    try:
+        for cut in range(len(parts) - 1, 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                if not hasattr(obj, attr):
+                    raise ImportError(f"{'.'.join(parts[:cut])!r} has no attribute {attr!r}")
+                obj = getattr(obj, attr)
+            return obj
+    finally:
+        sys.path.remove(os.getcwd())
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
+def check_targets(cfg: Config) -> None:
+    """Each ``_target_`` can be imported here and accepts every key configured beside it.
+
+    A target that cannot be imported here is refused for a local run (the ranks run here, from this folder)
+    and only warned about for Slurm, where setup lines may put it on the path of the compute nodes.
+    """
+    for key, node in _target_nodes(cfg):
+        target = str(node["_target_"])
+        try:
+            obj = _resolve(target)
+        except ImportError as exc:
+            message = (
+                f"{key}._target_={target!r} cannot be imported here ({exc}). HINT: run from the folder that holds "
+                "your module, or put it on PYTHONPATH."
+            )
+            if cfg.cluster.launcher == "slurm":
+                warnings.warn(
+                    message + " (Not refused: cluster.setup may make it importable on the nodes.)", stacklevel=2
+                )
+                continue
+            raise ConfigError(message) from None
+        _check_signature(key, target, obj, [str(k) for k in node if str(k) not in _HYDRA_KEYS])
+
+
+def _check_signature(key: str, target: str, obj: Any, configured: list[str]) -> None:
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return  # a builtin or C extension without a signature: the call itself will tell
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in configured if k not in accepted]
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]} is configured, but {target}() takes no argument {unknown[0]!r}. HINT: its "
+            f"arguments are: {', '.join(accepted) or '(none)'}; rename or remove {key}.{unknown[0]}."
+        )
