@@ -163,7 +163,7 @@ def _is_mem_size(value: str) -> bool:
 
 HOSTLIST_KEYS = ("exclude",)
 """ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
-SUBMIT_MODES = ("submitit", "sbatch")
+SUBMIT_MODES = ("submitit", "sbatch", "here")
 GPU_BINDINGS = ("node", "task")
 # sbatch flags hpc_train sets itself from the keys named here (or refuses: ntasks, gres, error, wrap);
 # cluster.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
@@ -244,7 +244,8 @@ class ClusterConfig(_Checked):
     """After one rank fails, how long the others get to exit on their own before they are killed."""
     # ---- Slurm only ----
     submit: str = "submitit"
-    """submitit: through submitit's SlurmExecutor; sbatch: a standalone script in the run dir, submitted with sbatch."""
+    """submitit: through submitit's SlurmExecutor; sbatch: a standalone script in the run dir, submitted with
+    sbatch; here: no new job, train in the allocation this shell holds (salloc), with srun on its nodes."""
     dry_run: bool = False
     """Write and print the sbatch script and the expected rank table; submit nothing."""
     wait: bool = False
@@ -1215,16 +1216,19 @@ def chosen_option_keys(argv: list[str], config_dirs: list[Path]) -> dict[str, di
         chosen[group] = {}
         for name in names:
             path = option_file(group, name, [*argv, *dirs])
-            chosen[group][name] = None if path is None else _option_keys(path, schemas)
+            chosen[group][name] = None if path is None else _option_keys(path, group, schemas)
     return chosen
 
 
-def _option_keys(path: Path, schemas: Mapping[str, type[Any]]) -> set[str] | None:
+def _option_keys(path: Path, group: str, schemas: Mapping[str, type[Any]]) -> set[str] | None:
     node = OmegaConf.load(path)
     if not isinstance(node, DictConfig):
         return set()
+    defaults = node.get("defaults", []) or []
+    if "@package _global_" in path.read_text().split("\n", 1)[0]:  # it sets keys of other groups too
+        node = node.get(group) or OmegaConf.create()
     keys = {str(k) for k in node if k != "defaults"}
-    named = [node.get("name"), *(str(d).removeprefix("schema_") for d in node.get("defaults", []) or [])]
+    named = [node.get("name"), *(str(d).split("@")[0].removeprefix("schema_") for d in defaults)]
     for name in named:
         if name in schemas:
             keys |= {f.name for f in fields(schemas[name])}
@@ -1298,6 +1302,10 @@ def register_configs() -> None:
     # 1 for an empty cluster. Stored so, every composed config would start from 1, and a profile's
     # gpus_per_node could no longer choose the task count. The node keeps the declared default instead.
     schema.cluster.tasks_per_node = 0
+    # Mappings whose keys are the user's to choose: Hydra's struct mode would ask for a + before each new key
+    # (cluster.sbatch_args={mail-type: END}). An explicit False here outlives the struct flag Hydra sets above.
+    for open_node in (schema.cluster.sbatch_args, schema.cluster.facts):
+        OmegaConf.set_struct(open_node, False)
     cs.store(name="config_schema", node=schema)
     # Multirun sweeps go through hpc_train's launcher: one Slurm array, or local runs one after another.
     launcher = {"_target_": "hydra_plugins.hpc_train_launcher.launcher.HpcTrainLauncher"}

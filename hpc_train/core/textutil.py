@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["PROGRESS_TTY", "format_table", "plural", "shows_progress_bar"]
+__all__ = ["PROGRESS_TTY", "at_step", "format_table", "plural", "shows_progress_bar"]
 
 PROGRESS_TTY = "HPC_TRAIN_PROGRESS_TTY"
 """Set to 1 by a local launcher whose own stderr is a terminal: it copies rank 0's stderr there, bar included."""
@@ -27,3 +27,8 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells)
+
+
+def at_step(step: int | None) -> str:
+    """``at step 12``, or what to say when a user's script reported no step (hpc_train.preemption unused)."""
+    return f"at step {step}" if step is not None else "(the script reported no step)"

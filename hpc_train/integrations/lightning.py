@@ -1,9 +1,15 @@
-"""Preemption for Lightning: ``PreemptionCallback`` and ``last_checkpoint``.
+"""Preemption for Lightning: ``PreemptionCallback``, ``last_checkpoint`` and ``trainer_shape``.
 
-    from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint
+    from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint, trainer_shape
 
-    trainer = L.Trainer(default_root_dir=out, callbacks=[PreemptionCallback()], ...)
+    trainer = L.Trainer(**trainer_shape(), strategy="ddp", default_root_dir=out, callbacks=[PreemptionCallback()])
     trainer.fit(model, datamodule, ckpt_path=last_checkpoint(out))
+
+``trainer_shape()`` gives Lightning the ranks hpc_train (or torchrun) started: ``devices`` = LOCAL_WORLD_SIZE and
+``num_nodes`` = WORLD_SIZE // LOCAL_WORLD_SIZE. Under such a launcher the callback refuses a Trainer of another
+shape when it is set up: one that expects fewer ranks would train a copy of the model per rank. (One that expects
+more waits for them in Lightning's rendezvous, before any callback runs; ``devices="auto"`` on CPU fails in
+Lightning itself.)
 
 On a stop signal (``cluster.signal``, SIGTERM, SIGINT) every rank agrees at the next optimizer step; the
 callback has Lightning write a complete checkpoint, ``hpc_ckpt_<step>.ckpt`` in ``default_root_dir`` (written
@@ -27,9 +33,11 @@ an exit during ``fit``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from hpc_train.core.errors import ConfigError, DistEnvironmentError
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
 
@@ -39,7 +47,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the user's environment
     raise ImportError("hpc_train.integrations.lightning needs lightning: pip install 'hpc-train[lightning]'") from exc
 
-__all__ = ["PreemptionCallback", "checkpoint_path", "last_checkpoint"]
+__all__ = ["PreemptionCallback", "TrainerShape", "checkpoint_path", "last_checkpoint", "trainer_shape"]
+
+
+class TrainerShape(TypedDict):
+    """Keyword arguments of ``L.Trainer``: typed per key, so that ``**trainer_shape()`` type-checks."""
+
+    devices: int
+    num_nodes: int
 
 
 def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
@@ -50,6 +65,45 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
 def last_checkpoint(directory: str | os.PathLike[str]) -> str | None:
     """The newest ``hpc_ckpt_<step>.ckpt`` in ``directory``, or None (start from scratch)."""
     return newest(directory, r"hpc_ckpt_(\d+)\.ckpt")
+
+
+def trainer_shape(environ: Mapping[str, str] | None = None) -> TrainerShape:
+    """``devices`` and ``num_nodes`` for ``L.Trainer(**trainer_shape(), ...)``: one Lightning process per rank that
+    hpc_train (or torchrun) started, read from WORLD_SIZE and LOCAL_WORLD_SIZE (``os.environ`` by default).
+    Without WORLD_SIZE (a plain ``python script.py``), one process: ``devices=1, num_nodes=1``."""
+    environ = os.environ if environ is None else environ
+    if "WORLD_SIZE" not in environ:
+        return {"devices": 1, "num_nodes": 1}
+    if "LOCAL_WORLD_SIZE" not in environ:
+        raise DistEnvironmentError(
+            f"WORLD_SIZE={environ['WORLD_SIZE']} is set but LOCAL_WORLD_SIZE is not: the ranks per node are unknown. "
+            "HINT: launch with hpc_train or torchrun, which set both."
+        )
+    world, per_node = int(environ["WORLD_SIZE"]), int(environ["LOCAL_WORLD_SIZE"])
+    if per_node < 1 or world % per_node:
+        raise DistEnvironmentError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={per_node}: ranks per node must be equal."
+        )
+    return {"devices": per_node, "num_nodes": world // per_node}
+
+
+def _check_shape(trainer: pl.Trainer) -> None:
+    """Refuse a Trainer whose devices x num_nodes is not the ranks that hpc_train (or torchrun) started. Processes
+    that Lightning starts itself have no LOCAL_WORLD_SIZE: nothing to check against."""
+    if "WORLD_SIZE" not in os.environ or "LOCAL_WORLD_SIZE" not in os.environ:
+        return
+    expected = trainer_shape()
+    actual = TrainerShape(devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+    if actual != expected:
+        raise ConfigError(
+            f"the Lightning Trainer has devices={actual['devices']}, num_nodes={actual['num_nodes']}, but this job "
+            f"runs devices={expected['devices']}, num_nodes={expected['num_nodes']} (WORLD_SIZE="
+            f"{os.environ['WORLD_SIZE']}, LOCAL_WORLD_SIZE={os.environ['LOCAL_WORLD_SIZE']}): "
+            "the ranks would not train one model together. HINT: L.Trainer(**trainer_shape(), ...) "
+            "with trainer_shape from hpc_train.integrations.lightning, or "
+            'devices=int(os.environ["LOCAL_WORLD_SIZE"]), '
+            'num_nodes=int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"]).'
+        )
 
 
 class PreemptionCallback(pl.Callback):
@@ -66,6 +120,7 @@ class PreemptionCallback(pl.Callback):
         self._deferred = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        _check_shape(trainer)
         environment = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False

@@ -12,6 +12,9 @@ marks the checkpoint complete once every rank has written its part, and ends the
 end of ``train()``, before the code after it runs (a final save or a push to the Hub would save a model that
 is not final): hpc_train requeues the job and the relaunched script resumes at the agreed step.
 
+On CPU the Trainer is distributed only with ``TrainingArguments(use_cpu=True, ddp_backend="gloo")``; without them
+every rank trains its own copy of the model, and the callback warns at the start of training.
+
 What the stop skips, by design: an evaluation due at that step (it would delay the checkpoint past the grace
 period Slurm gives) and the epoch-end save and evaluation of a stopped epoch. What it cannot restore: the
 Trainer logs ``train_loss`` as the mean over the steps of the last attempt only.
@@ -20,6 +23,7 @@ Trainer logs ``train_loss`` as the mean over the steps of the last attempt only.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,21 @@ def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
     return newest(output_dir, pattern, COMPLETE) or newest(output_dir, pattern, "trainer_state.json")
 
 
+def _warn_if_not_distributed(args: TrainingArguments) -> None:
+    """Warn when the environment has several ranks (``WORLD_SIZE``) but the Trainer runs as a single process:
+    on CPU, without ``use_cpu=True``, accelerate sets up no distributed training and each rank trains alone."""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if ranks > 1 and args.world_size != ranks:
+        warnings.warn(
+            f"WORLD_SIZE={ranks}, but the Hugging Face Trainer runs {args.world_size} process(es) "
+            f"(parallel_mode={args.parallel_mode.value}): each rank trains its own identical copy of the model. "
+            'HINT: on CPU pass TrainingArguments(use_cpu=True, ddp_backend="gloo"); on GPUs check that '
+            "torch.distributed is initialised (LOCAL_RANK set, one GPU per rank).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 class PreemptionCallback(TrainerCallback):
     """Stop together on preemption, checkpoint, and exit so that hpc_train requeues the job.
 
@@ -61,6 +80,15 @@ class PreemptionCallback(TrainerCallback):
     def __init__(self, exit_after_stop: bool = True) -> None:
         self.exit_after_stop = exit_after_stop
         self.stopped = False
+        self._checked_world = False
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if not self._checked_world:
+            self._checked_world = True
+            _warn_if_not_distributed(args)
+        return control
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

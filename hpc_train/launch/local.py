@@ -35,7 +35,7 @@ from hpc_train.core.state import (
     rank_failures,
     rank_process_alive,
 )
-from hpc_train.core.textutil import PROGRESS_TTY, plural, shows_progress_bar
+from hpc_train.core.textutil import PROGRESS_TTY, at_step, plural, shows_progress_bar
 from hpc_train.launch.state import resume_command
 from hpc_train.runtime import worker
 
@@ -250,11 +250,11 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
         print(f"hpc_train: all {world_size} ranks completed. Run dir: {run_dir.path}", flush=True)
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):
-        step = statuses[0].get("step", 0)
-        checkpoint = run_dir.checkpoint(step)
+        step = statuses[0].get("step")
+        checkpoint = run_dir.checkpoint(step or 0)
         saved = f"every rank is in {checkpoint}" if checkpoint.exists() else "the script saved what it saves"
         print(
-            f"hpc_train: stopped at step {step} on a signal; {saved}.\n  resume: {resume_command(run_dir)}",
+            f"hpc_train: stopped {at_step(step)} on a signal; {saved}.\n  resume: {resume_command(run_dir)}",
             file=sys.stderr,
             flush=True,
         )

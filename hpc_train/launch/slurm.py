@@ -10,6 +10,7 @@ partition or an impossible request fails here, before anything is queued.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from hpc_train.core.errors import LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.facts import ClusterFacts, check_request, explain_slurm_refusal, facts_for
+from hpc_train.launch.here import inside_allocation, launch_here
 from hpc_train.launch.sbatch import (
     JobSpec,
     emulate_rank_table,
@@ -41,7 +43,16 @@ SUBMIT_TIMEOUT_S = 60
 
 
 def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
-    """Submit the job of ``run_dir`` (or print it, with ``cluster.dry_run``); follow it with ``cluster.wait``."""
+    """Submit the job of ``run_dir`` (or print it, with ``cluster.dry_run``); follow it with ``cluster.wait``.
+    With ``cluster.submit=here``, train in the allocation this shell holds instead."""
+    if cfg.cluster.submit == "here":
+        return launch_here(cfg, run_dir)
+    if inside_allocation():
+        print(
+            f"hpc_train: this shell holds Slurm allocation {os.environ['SLURM_JOB_ID']}; this submits a new job. "
+            "cluster.submit=here would train on the allocation's nodes instead, with no queue wait.",
+            file=sys.stderr,
+        )
     job_ids = submit_slurm(cfg, [run_dir], log_dir=run_dir.logs)
     if not job_ids:
         return 0
@@ -220,16 +231,17 @@ def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
     while True:
         tail.pump()
         state = job_state(run_dir, world_size)
+        job = f"job {state.job_id}" if state.job_id else "the local run"
         if state.state != last:
-            print(f"hpc_train: job {state.job_id} is {state.state}", file=sys.stderr, flush=True)
+            print(f"hpc_train: {job} is {state.state}", file=sys.stderr, flush=True)
             last = state.state
         if state.done:
             tail.pump()
             verdict = "completed" if state.ok else f"ended {state.state}"
             stream = sys.stdout if state.ok else sys.stderr
-            print(f"hpc_train: job {state.job_id} {verdict}. {state.detail}. Run dir: {run_dir.path}", file=stream)
+            print(f"hpc_train: {job} {verdict}. {state.detail}. Run dir: {run_dir.path}", file=stream)
             return 0 if state.ok else 1
         if time.monotonic() > deadline:
-            _stop_following(run_dir, f"stopped following after {limit_s:.0f}s with job {state.job_id} {state.state}")
+            _stop_following(run_dir, f"stopped following after {limit_s:.0f}s with {job} {state.state}")
             return 1
         time.sleep(POLL_S)

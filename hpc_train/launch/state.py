@@ -24,6 +24,7 @@ from hpc_train.core.state import (
     rank_failures,
     rank_process_alive,
 )
+from hpc_train.core.textutil import at_step
 
 __all__ = [
     "ACTIVE_STATES",
@@ -210,8 +211,8 @@ def _without_scheduler(
     if missing:
         return verdict("FAILED", done=True, detail=f"ranks {missing} never started")
     if {str(s.get("state")) for s in statuses.values()} <= {RankState.STOPPED.value, RankState.COMPLETED.value}:
-        step = max(int(s.get("step", 0)) for s in statuses.values())
-        detail = f"stopped at step {step} on a signal; resume: {resume_command(run_dir)}"
+        steps = [int(s["step"]) for s in statuses.values() if s.get("step") is not None]
+        detail = f"stopped {at_step(max(steps) if steps else None)} on a signal; resume: {resume_command(run_dir)}"
         return verdict("STOPPED", done=True, detail=detail)
     return verdict("UNKNOWN", done=False, detail="the ranks' statuses name no known state")
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, open_dict
 from hpc_train.config import Config, config_from_dict
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
+from hpc_train.launch.preflight import preflight
 
 __all__ = ["launch_sweep"]
 
@@ -53,10 +54,13 @@ def launch_sweep(
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
     with exit_plainly(" in the sweep"):
         typed = [config_from_dict(c) for c in sweep_configs]
-        if typed and typed[0].cluster.launcher == "slurm":
+        if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.submit != "here":
             _check_one_request(typed)
+            for element in typed:
+                preflight(element)
             return _submit_array(typed, sweep_configs, job_overrides)
-    # Local sweeps run one after another, each exactly like a single `python -m hpc_train` run.
+    # Local sweeps (and sweeps in an allocation this shell holds, cluster.submit=here) run one after another,
+    # each exactly like a single `python -m hpc_train` run.
     returns = []
     for sweep_config in sweep_configs:
         returns.append(

@@ -23,6 +23,7 @@ from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
+from hpc_train.core.textutil import at_step
 from hpc_train.dist import DistEnv
 from hpc_train.runtime.outcome import Fit, Outcome
 from hpc_train.train.stopping import signal_number
@@ -102,9 +103,11 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) ->
     extra: dict[str, Any] = {"signal": fit.signal, **fit.peak}
     step = fit.step or 0
     own = fit.signal == signal_number(cfg.cluster.signal)
-    target = requeue_target() if env.source == "slurm" and own else None
+    # An allocation a shell holds (cluster.submit=here) is not a batch job: Slurm cannot requeue it.
+    requeues = env.source == "slurm" and own and cfg.cluster.submit != "here"
+    target = requeue_target() if requeues else None
     if target is None:
-        log.warning("stopped at step %s on signal %d. Run again with the same run dir to resume", fit.step, fit.signal)
+        log.warning("stopped %s on signal %d. Run again with the same run dir to resume", at_step(fit.step), fit.signal)
         return Outcome(RankState.STOPPED, step, extra)
     if not env.is_main:
         return Outcome(RankState.STOPPED, step, extra)
@@ -117,7 +120,7 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) ->
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
     rd.write_status(env.rank, RankState.STOPPED, step=step, restart=attempt, **extra)
     log.warning(
-        "stopped at step %s on signal %d; requeueing %s (restart %d)", fit.step, fit.signal, target, attempt + 1
+        "stopped %s on signal %d; requeueing %s (restart %d)", at_step(fit.step), fit.signal, target, attempt + 1
     )
     requeue(target)
     return Outcome(RankState.STOPPED, step, extra)

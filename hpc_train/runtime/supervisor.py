@@ -107,9 +107,14 @@ class _Step:
     """One srun. Its stderr is copied through byte for byte (a progress bar's carriage returns included) and
     srun's own lines (``srun: ...``) are kept, the latest ``SRUN_LINES``, for ``SrunReport``."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str]) -> None:
+    def __init__(self, argv: list[str], env: Mapping[str, str], forward_stop: int = 0) -> None:
         self.lines: deque[str] = deque(maxlen=SRUN_LINES)
-        self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE)
+        self.forward_stop = forward_stop
+        """The signal to pass to srun when this process gets a stop (0: none). Not SIGTERM or SIGINT: srun
+        answers those by ending the step, with SIGKILL after KillWait; it forwards USR1/USR2 to the tasks."""
+        # Forwarding (an interactive allocation): srun gets its own process group, so that a terminal's Ctrl-C
+        # reaches only the supervisor, which passes a stop on; srun's own first Ctrl-C only prints status.
+        self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE, start_new_session=bool(forward_stop))
         self._reader = threading.Thread(target=self._copy, args=(self.proc.stderr,), daemon=True)
         self._reader.start()
 
@@ -143,6 +148,8 @@ class _Step:
                 pass
             if signals.received and signalled_at is None:
                 signalled_at = time.monotonic()
+                if self.forward_stop:  # srun passes it on to every task: they checkpoint and stop
+                    self.proc.send_signal(self.forward_stop)
             if signalled_at is not None and time.monotonic() - signalled_at > grace_s:
                 _say(f"srun still runs {grace_s:.0f}s after signal {signals.received}; ending it")
                 code = self._end()
@@ -179,8 +186,11 @@ def _made_progress(entry: Mapping[str, Any]) -> bool:
 
 
 class Supervisor:
-    def __init__(self, rd: RunDir, environ: Mapping[str, str]) -> None:
+    def __init__(self, rd: RunDir, environ: Mapping[str, str], interactive: bool = False) -> None:
         self.rd = rd
+        self.interactive = interactive
+        """Run from a shell in an allocation (cluster.submit=here): stop signals reach this process only, and
+        are passed on to the training step."""
         self.environ = environ
         self.cfg = load_config(rd.config)
         self.cluster = self.cfg.cluster
@@ -321,7 +331,7 @@ class Supervisor:
         self._write_goodput()
         argv = step_argv(self.rd, self.cluster, nodes, self.python)
         _say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
-        step = _Step(argv, {**self.environ, ATTEMPT_VARIABLE: str(number)})
+        step = _Step(argv, {**self.environ, ATTEMPT_VARIABLE: str(number)}, forward_stop=self._forwarded())
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         code = step.wait(
             self.signals, self.cluster.srun_wait_s + STOP_GRACE_S, lambda: bool(self._statuses(number)), launch_s
@@ -345,6 +355,10 @@ class Supervisor:
         self._save_attempt(entry)
         self._write_goodput()
         return entry
+
+    def _forwarded(self) -> int:
+        """From a shell (cluster.submit=here), a stop reaches only this process: it passes cluster.signal on."""
+        return signal_number(self.cluster.signal) if self.interactive else 0
 
     def _statuses(self, attempt: int) -> dict[int, dict[str, Any]]:
         """The ranks' statuses from this attempt: a rank of an earlier one that outlived its step (on a node
@@ -401,9 +415,10 @@ def _log_failure(failure: Failure) -> None:
         print(tail, file=sys.stderr, flush=True)
 
 
-def supervise(rd: RunDir, environ: Mapping[str, str] | None = None) -> int:
-    """Run the training of ``rd`` in this allocation, restarting it after failures; the job's exit status."""
-    return Supervisor(rd, os.environ if environ is None else environ).run()
+def supervise(rd: RunDir, environ: Mapping[str, str] | None = None, interactive: bool = False) -> int:
+    """Run the training of ``rd`` in this allocation, restarting it after failures; the job's exit status.
+    ``interactive``: from a shell in the allocation (cluster.submit=here) rather than a job's batch step."""
+    return Supervisor(rd, os.environ if environ is None else environ, interactive).run()
 
 
 def run(run_dir: str | Path) -> None:

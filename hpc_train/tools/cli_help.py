@@ -54,6 +54,9 @@ Your own options are found first, in:
 
 Useful:
   key=value            override any value, e.g. trainer.max_steps=200 cluster.nodes=2
+  script.path=train.py [-- ARGS]   run your own torchrun-style script on every rank instead of the built-in
+                       trainer (or script.module=pkg.train, script.command=deepliif; script.args='--lr 1e-3')
+  trainer.init_from=RUN_DIR        start a new run from an earlier run's weights
   --cfg job            print the composed config and exit
   -m, --multirun       a sweep (trainer.lr=1e-3,3e-3): one Slurm job array on cluster=slurm
   --hydra-help         Hydra's own flags

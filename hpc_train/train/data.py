@@ -21,6 +21,8 @@ __all__ = [
     "make_synthetic",
 ]
 
+IMAGE_GRID = 4
+"""Image class means vary over cells of IMAGE_GRID x IMAGE_GRID pixels."""
 _ADD_CHUNK = 2048
 """Rows per in-place addition in make_synthetic (a few MB of temporary memory)."""
 
@@ -64,7 +66,7 @@ def make_synthetic(cfg: DataConfig) -> tuple[BatchedTensorDataset, BatchedTensor
     g = torch.Generator().manual_seed(cfg.seed)
     shape = [int(d) for d in cfg.input_shape]
     dim = math.prod(shape)
-    means = torch.randn(cfg.num_classes, dim, generator=g)
+    means = _class_means(cfg.num_classes, shape, g)
     means *= cfg.class_separation / means.norm(dim=1, keepdim=True)
     y = torch.randint(cfg.num_classes, (cfg.num_samples,), generator=g)
     x = torch.randn(cfg.num_samples, dim, generator=g)
@@ -76,6 +78,18 @@ def make_synthetic(cfg: DataConfig) -> tuple[BatchedTensorDataset, BatchedTensor
     x = x.reshape(cfg.num_samples, *shape)
     train, val = (x[cfg.num_val :], y[cfg.num_val :]), (x[: cfg.num_val], y[: cfg.num_val])
     return BatchedTensorDataset(*train), BatchedTensorDataset(*val)
+
+
+def _class_means(classes: int, shape: list[int], g: torch.Generator) -> torch.Tensor:
+    """One random mean per class, flattened. For an image shape [C, H, W] the means are smooth images (drawn on
+    a grid IMAGE_GRID times coarser, then repeated over each cell): a per-pixel white-noise mean would be
+    averaged away by a convolutional model's pooling, and a CNN would stay at chance on it."""
+    if len(shape) != 3 or min(shape[1:]) < IMAGE_GRID:
+        return torch.randn(classes, math.prod(shape), generator=g)
+    channels, height, width = shape
+    coarse = torch.randn(classes, channels, -(-height // IMAGE_GRID), -(-width // IMAGE_GRID), generator=g)
+    full = coarse.repeat_interleave(IMAGE_GRID, dim=2).repeat_interleave(IMAGE_GRID, dim=3)
+    return full[:, :, :height, :width].reshape(classes, -1).contiguous()
 
 
 class ShardSampler(Sampler[int]):

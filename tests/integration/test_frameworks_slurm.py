@@ -44,7 +44,7 @@ def submit(root: Path, script: str) -> tuple[str, Path, Path]:
     """Submit the script as a 2 x 2 job of STEPS steps; returns (job id, run dir, the script's output folder)."""
     run_dir, out = root / "run", root / "out"
     out.mkdir(parents=True)
-    path = REPO / "tests" / "scripts" / script
+    path = REPO / "hpc_train" / "examples" / script
     args = f"script.args=[--out,{out},--steps,{STEPS},--sleep,0.1]"
     proc = cli("hpc_train", *SLURM_2X2, f"script.path={path}", args, f"hydra.run.dir={run_dir}", cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -43,7 +43,7 @@ JOB = [
     "trainer.tensorboard=false",
     "trainer.progress_bar=false",
 ]
-LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
+LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
 
 def slurm_job(job_id: str) -> dict[str, str]:

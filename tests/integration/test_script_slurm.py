@@ -18,7 +18,7 @@ from .conftest import SLURM_2X2, cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
+LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
 
 def submit_loop(root: Path, *extra: str) -> tuple[str, Path, Path]:

@@ -62,8 +62,21 @@ def test_returns_at_once_without_wait(tmp_path: Path) -> None:
     assert_trained_on_two_hosts(run_dir)
 
 
+def trivial_container(tmp_path: Path) -> tuple[Path, Path]:
+    """A wrapper command like `apptainer exec img.sif`: it logs where and what it runs, then runs it."""
+    wrapper, log = tmp_path / "wrap dir" / "wrap.sh", tmp_path / "wrapped.log"
+    wrapper.parent.mkdir()
+    script = f'#!/bin/bash\n[ "$1" = --flag ] && shift\necho "$(hostname) $*" >> {shlex.quote(str(log))}\nexec "$@"\n'
+    wrapper.write_text(script)
+    wrapper.chmod(0o755)
+    return wrapper, log
+
+
 def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
-    dry, run_dir = ten_steps(tmp_path, "cluster.dry_run=true")
+    """The script of a dry run, submitted by hand; cluster.container wraps the batch step and every rank."""
+    wrapper, wrapped = trivial_container(tmp_path)
+    # A wrapper path with a space, quoted for the shell split, and a flag: 'wrap dir/wrap.sh' --flag.
+    dry, run_dir = ten_steps(tmp_path, "cluster.dry_run=true", f"cluster.container=\"'{wrapper}' --flag\"")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
     checked = "dry run checked the request against the cluster's partitions and limits (asked Slurm just now)"
@@ -76,6 +89,34 @@ def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     assert wait_for_job(job_id) == "COMPLETED"
     assert_trained_on_two_hosts(run_dir)
     assert json.loads((run_dir / "status" / "batch_exit.json").read_text())["exit_code"] == 0
+    lines = wrapped.read_text().splitlines()
+    assert sum("-m hpc_train.supervisor" in line for line in lines) == 1, lines
+    workers = [line.split()[0] for line in lines if "-m hpc_train.worker" in line]
+    assert sorted(workers) == ["node1", "node1", "node2", "node2"], lines
+
+
+def test_training_in_an_salloc_allocation(tmp_path: Path) -> None:
+    """Inside `salloc -N2` (no step yet), cluster.submit=here trains on the allocation's nodes with srun: no new
+    job, the same supervisor, and the container wrapper on every rank."""
+    wrapper, wrapped = trivial_container(tmp_path)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", *TWO_BY_TWO, "cluster.submit=here", "trainer.max_steps=10"]
+    argv += [f"cluster.container=\"'{wrapper}'\"", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        ["salloc", "-N2", "--ntasks-per-node=2", "--time=5", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert re.search(r"training in allocation \d+ on node1,node2 \(cluster.submit=here", proc.stdout), proc.stdout
+    assert_trained_on_two_hosts(run_dir)
+    assert not (run_dir / "job.json").exists()  # no job was submitted
+    assert sorted(line.split()[0] for line in wrapped.read_text().splitlines()) == ["node1", "node1", "node2", "node2"]
+    status = cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path)
+    assert json.loads(status.stdout)[0]["state"] == "COMPLETED", status.stdout
 
 
 def test_sweep_is_one_array(tmp_path: Path) -> None:
@@ -262,10 +303,10 @@ def test_logs_and_cancel(tmp_path: Path) -> None:
 
 
 def test_torchrun_style_script_on_two_nodes(tmp_path: Path) -> None:
-    """tests/scripts/ddp_tutorial.py, unchanged, on 2 nodes x 2 tasks."""
+    """hpc_train/examples/ddp_tutorial.py, unchanged, on 2 nodes x 2 tasks."""
     out = tmp_path / "out"
     out.mkdir()
-    script = Path(__file__).resolve().parents[1] / "scripts" / "ddp_tutorial.py"
+    script = Path(__file__).resolve().parents[2] / "hpc_train" / "examples" / "ddp_tutorial.py"
     args = [*TWO_BY_TWO, "cluster.wait=true", f"script.path={script}", f"script.args=[--out,{out}]"]
     proc = cli("hpc_train", *args, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -312,3 +353,38 @@ def test_scaling_study_on_1_2_4_ranks(tmp_path: Path) -> None:
     assert "recommended (weak scaling" in proc.stdout
     four = json.loads((out / "weak-w4" / "rank_table.json").read_text())
     assert len({row["host"] for row in four}) == 2, "the 4-rank point did not span both nodes"
+
+
+def test_ctrl_c_in_an_salloc_allocation_checkpoints(tmp_path: Path) -> None:
+    """Ctrl-C to `hpc-train cluster.submit=here` (srun runs in its own process group, so only the launcher gets
+    it): the ranks get cluster.signal through srun, checkpoint at one step, and the command says how to resume."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", *TWO_BY_TWO, "cluster.submit=here", "trainer.max_steps=100000"]
+    argv += ["trainer.max_epochs=0", f"hydra.run.dir={run_dir}"]
+    salloc = subprocess.Popen(
+        ["salloc", "-N2", "--ntasks-per-node=2", "--time=5", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while not RunDir(run_dir).read_statuses().get(0, {}).get("step"):
+        assert time.monotonic() < deadline and salloc.poll() is None, "the run never reported a step"
+        time.sleep(0.5)
+
+    def parent(pid: str) -> str:  # the field after the state in /proc/<pid>/stat
+        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+
+    launcher = next(
+        int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and parent(p.name) == str(salloc.pid)
+    )
+    os.kill(launcher, signal.SIGINT)
+    _, err = salloc.communicate(timeout=120)
+    assert salloc.returncode == 130, err[-3000:]
+    statuses = RunDir(run_dir).read_statuses()
+    steps = {s["step"] for s in statuses.values()}
+    assert {s["state"] for s in statuses.values()} == {"stopped"} and len(steps) == 1, statuses
+    assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
+    assert "resume: python -m hpc_train" in err and "cluster.submit=here" in err

@@ -16,7 +16,7 @@ from ..conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO / "tests" / "scripts" / "lightning_script.py"
+SCRIPT = REPO / "hpc_train" / "examples" / "lightning_script.py"
 
 
 def run(root: Path, *extra: str) -> None:

@@ -1,6 +1,6 @@
 """A user's own torchrun loop under hpc_train: stop together on a signal, resume from its own save, end exact.
 
-Real local runs of tests/scripts/preemptible_loop.py on 2 ranks. The Slurm requeue of the same script, with
+Real local runs of hpc_train/examples/preemptible_loop.py on 2 ranks. The Slurm requeue of the same script, with
 should_stop and with no integration at all, is in tests/integration/test_script_slurm.py.
 """
 
@@ -19,7 +19,7 @@ from hpc_train.core.rundir import RunDir
 
 from ..conftest import REPO, start_in_foreground
 
-LOOP = REPO / "tests" / "scripts" / "preemptible_loop.py"
+LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from .test_local_runs import SMALL, weights
 
 pytestmark = pytest.mark.slow
 
-TUTORIAL = REPO / "tests" / "scripts" / "ddp_tutorial.py"
+TUTORIAL = REPO / "hpc_train" / "examples" / "ddp_tutorial.py"
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> None:

@@ -10,15 +10,19 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from ..conftest import REPO
+from ..readme_examples import code_blocks
 
 pytestmark = pytest.mark.slow
 
 TORCH = "torch==2.13.0"  # first, on its own: an unpinned torch would pull GBs of CUDA packages
+EXAMPLES = ["__init__.py", "ddp_tutorial.py", "hf_trainer.py", "lightning_script.py", "preemptible_loop.py"]
+"""hpc_train/examples/: the scripts the README runs and points users to."""
 
 
 def sh(*argv: str | Path, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> str:
@@ -39,6 +43,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert any(n.endswith("hpc_train/conf/config.yaml") for n in names), "the sdist lacks the configs"
     sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, sdist, cwd=base)
     (wheel,) = dist.glob("hpc_train-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        missing = {f"hpc_train/examples/{name}" for name in EXAMPLES} - set(whl.namelist())
+    assert not missing, f"the wheel lacks the example scripts: {sorted(missing)}"
     env_dir = base / "venv"
     sh(sys.executable, "-m", "venv", env_dir, cwd=base)
     pip = [env_dir / "bin" / "python", "-m", "pip", "install", "-q"]
@@ -81,3 +88,12 @@ def test_slurm_dry_run_from_an_empty_folder(venv: Path, tmp_path: Path, entry: s
     out = sh(*argv, "cluster=slurm", "cluster.dry_run=true", "hydra.run.dir=run", cwd=tmp_path, env=clean_env())
     assert "dry run; nothing submitted" in out and "#SBATCH --nodes=1" in out
     assert f"{venv}/bin/python" in (tmp_path / "run" / "job.sbatch").read_text()  # the ranks run the venv's Python
+
+
+def test_readme_copies_the_examples_out_of_the_wheel(venv: Path, tmp_path: Path) -> None:
+    """The README's one line that copies the example scripts works on an installed wheel."""
+    bash = [body for lang, body in code_blocks((REPO / "README.md").read_text()) if lang == "bash"]
+    (copy,) = [line for body in bash for line in body.splitlines() if "hpc_train.examples as e" in line]
+    env = {**clean_env(), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    sh("bash", "-c", copy, cwd=tmp_path, env=env)
+    assert sorted(p.name for p in (tmp_path / "examples").glob("*.py")) == EXAMPLES

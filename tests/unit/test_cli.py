@@ -32,6 +32,7 @@ def test_help_names_the_program_and_only_real_options(tmp_path: Path) -> None:
     assert "cluster  debug, local, mycluster, slurm" in proc.stdout
     assert "model    cnn, custom, mlp, transformer" in proc.stdout
     assert "+experiment quick" in proc.stdout  # a group of the user's own, picked with +experiment=quick
+    assert "script.path=train.py [-- ARGS]" in proc.stdout and "trainer.init_from=RUN_DIR" in proc.stdout
 
 
 def test_console_script_composes_from_any_folder(tmp_path: Path) -> None:

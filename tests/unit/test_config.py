@@ -168,6 +168,11 @@ def test_option_files_state_only_what_differs_from_the_schema(yaml_file: Path) -
     values = OmegaConf.to_container(OmegaConf.load(yaml_file))
     assert isinstance(values, dict)
     values.pop("defaults", None)
+    if "@package _global_" in yaml_file.read_text().splitlines()[0]:  # sets another group's key too (sgd: lr)
+        others = {k: v for k, v in values.items() if k != yaml_file.parent.name}
+        assert set(others) <= {"trainer"}, others
+        composed(f"{yaml_file.parent.name}={yaml_file.stem}")  # and those keys compose and validate
+        values = values[yaml_file.parent.name]
     unknown = sorted(set(values) - set(defaults))
     assert not unknown, f"{yaml_file.name} sets keys the schema {schema.__name__} lacks: {unknown}"
     # name (model/optim/data) and launcher (cluster) say which option this is; they may equal the default.
@@ -233,3 +238,10 @@ def test_script_args_as_a_string_split_like_a_shell(tmp_path: Path) -> None:
         ScriptConfig(args='--tag "a')
     with pytest.raises(ConfigError, match=r"HINT: give the arguments as one string.*or after a lone --"):
         check_override_syntax(['script.args=[--tag,"a,b",--lr=1e-3]'])
+
+
+def test_sbatch_args_take_new_keys_without_a_plus() -> None:
+    cfg = composed("cluster=slurm", "cluster.sbatch_args={mail-type: END}", "cluster.sbatch_args.mail-user=me@x.org")
+    assert cfg.cluster.sbatch_args == {"mail-type": "END", "mail-user": "me@x.org"}
+    with pytest.raises(ConfigError, match=r"--time is set by hpc_train\. HINT: use cluster\.timeout_min"):
+        composed("cluster=slurm", "cluster.sbatch_args.time=10")

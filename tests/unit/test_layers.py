@@ -25,6 +25,8 @@ ALLOWED = {
     "launch": {"core", "config", "dist", "runtime"},
     "tools": {"core", "config", "dist", "train", "runtime", "launch"},
     "entry": {"core", "config", "dist", "train", "runtime", "launch", "tools"},
+    # Scripts a user runs (script.module=hpc_train.examples.x): user code, which may use any public part.
+    "examples": {"core", "config", "dist", "train", "runtime", "integrations", "launch", "tools", "entry"},
 }
 
 
@@ -36,7 +38,7 @@ def layer_of(module: str) -> str:
     assert parts[0] == "hpc_train", module
     if len(parts) == 1:
         return "entry"  # the package itself
-    if parts[1] in ("core", "dist", "train", "runtime", "integrations", "launch", "tools"):
+    if parts[1] in ("core", "dist", "train", "runtime", "integrations", "launch", "tools", "examples"):
         return parts[1]
     if parts[1] in ("config", "conf"):
         return "config"

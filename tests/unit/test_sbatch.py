@@ -271,3 +271,19 @@ def test_a_wrapper_in_python_points_to_cluster_container() -> None:
         ConfigError, match=r"cluster\.python=.*HINT:.*cluster\.container='apptainer exec --nv img\.sif'"
     ):
         slurm(python="apptainer exec --nv img.sif python")
+
+
+def test_submit_here_needs_an_allocation_that_fits() -> None:
+    from hpc_train.launch.here import allocation_nodes, inside_allocation
+    from hpc_train.tools.api import compose_config
+
+    cfg = compose_config("cluster=slurm", "cluster.submit=here", "cluster.nodes=2")
+    salloc = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]"}
+    assert inside_allocation(salloc) and not inside_allocation({**salloc, "SLURM_STEP_ID": "0"})
+    assert allocation_nodes(cfg, salloc) == ["node1", "node2", "node3"]
+    with pytest.raises(ConfigError, match=r"outside any Slurm allocation\. HINT: run it in the shell that `salloc"):
+        allocation_nodes(cfg, {})
+    with pytest.raises(ConfigError, match=r"inside a job step \(srun\)"):
+        allocation_nodes(cfg, {**salloc, "SLURM_STEP_ID": "3"})
+    with pytest.raises(ConfigError, match=r"needs 2 nodes, but allocation 42 holds 1 \(node1\)\. HINT: set cluster"):
+        allocation_nodes(cfg, {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node1"})

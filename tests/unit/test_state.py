@@ -232,8 +232,15 @@ def local_run(tmp_path: Path, states: dict[int, str], overrides: list[str] | Non
     rd.config.write_text("cluster: {tasks_per_node: 2}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
     rd.write_overrides(overrides or [])
     for rank, state in states.items():
-        rd.write_status(rank, state, step=40, **extra)
+        rd.write_status(rank, state, **{"step": 40, **extra})
     return rd
+
+
+def test_a_script_that_reports_no_step_is_not_at_step_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rd = local_run(tmp_path, {0: "stopped", 1: "stopped"}, step=None)
+    detail = job_state(rd, 2).detail
+    assert detail.startswith("stopped (the script reported no step) on a signal") and "None" not in detail
 
 
 def test_local_run_stopped_on_a_signal_says_how_to_resume(

@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node=2 ddp_tutorial.py --out DIR
     python -m hpc_train script.path=ddp_tutorial.py 'script.args=[--out,DIR]'   # the same, from hpc_train
+    python -m hpc_train script.module=hpc_train.examples.ddp_tutorial 'script.args=[--out,DIR]'  # as installed
 
 Each rank trains a toy model for a few steps and writes what it saw to DIR/rank<RANK>.json.
 """

@@ -1,6 +1,6 @@
 """A hand-written torchrun loop that stops with its peers on preemption and resumes from its own checkpoint.
 
-    python -m hpc_train script.path=preemptible_loop.py 'script.args=[--out,DIR]'
+    python -m hpc_train script.module=hpc_train.examples.preemptible_loop 'script.args=[--out,DIR]'
 
 The data of a step depends only on the step and the rank, so a run stopped and resumed ends with the same
 weights as one that was not. With ``--no-integration`` it never asks hpc_train anything: it saves every
@@ -59,9 +59,9 @@ def main() -> None:
         loss = torch.nn.functional.cross_entropy(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
-        for param in model.parameters():  # the mean gradient over the ranks, in a fixed order
-            dist.all_reduce(param.grad)
-            param.grad /= world
+        for grad in [p.grad for p in model.parameters() if p.grad is not None]:  # the mean over the ranks, in order
+            dist.all_reduce(grad)
+            grad /= world  # in place: the parameter's own gradient
         optimizer.step()
         step += 1
         time.sleep(args.sleep)

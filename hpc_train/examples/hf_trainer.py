@@ -1,6 +1,6 @@
 """A Hugging Face Trainer script made preemption-safe by hpc_train's callback (the README's example, runnable).
 
-    python -m hpc_train script.path=hf_trainer.py 'script.args=[--out,DIR]'
+    python -m hpc_train script.module=hpc_train.examples.hf_trainer 'script.args=[--out,DIR]'
 
 A small regression model on random data, several epochs, shuffled by the Trainer's sampler; the model
 returns its loss as any transformers model does. On rank 0 it records each attempt's first step
@@ -68,26 +68,28 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
 
     set_seed(0)  # before the model is built: its initial weights come from this seed
+    model, checkpoints = Regression(), os.path.join(args.out, "checkpoints")
     training = TrainingArguments(
-        output_dir=os.path.join(args.out, "checkpoints"),
+        output_dir=checkpoints,
         max_steps=args.steps,
         per_device_train_batch_size=8,
         learning_rate=0.01,
         save_strategy="no",  # the callback still checkpoints on preemption
         report_to="none",
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=True,  # on CPU, these two make the Trainer distributed: without them each rank trains alone
+        ddp_backend="gloo",
         seed=0,
     )
     trainer = Trainer(
-        model=Regression(),
+        model=model,
         args=training,
         train_dataset=Samples(256),
         callbacks=[PreemptionCallback(), Progress(args.out, args.sleep)],
     )
-    trainer.train(resume_from_checkpoint=last_checkpoint(training.output_dir))
+    trainer.train(resume_from_checkpoint=last_checkpoint(checkpoints))
     if trainer.is_world_process_zero():
-        torch.save(trainer.model.state_dict(), os.path.join(args.out, "final.pt"))
+        torch.save(model.state_dict(), os.path.join(args.out, "final.pt"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A Lightning script made preemption-safe by hpc_train's callback (the README's example, runnable).
 
-    python -m hpc_train script.path=lightning_script.py 'script.args=[--out,DIR]'
+    python -m hpc_train script.module=hpc_train.examples.lightning_script 'script.args=[--out,DIR]'
 
 A small regression model on random data, several epochs, shuffled by a seeded DistributedSampler and served
 by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next batch. On rank 0 it
@@ -19,7 +19,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from hpc_train import preemption
-from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint
+from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint, trainer_shape
 
 
 class Regression(pl.LightningModule):
@@ -78,11 +78,11 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
 
     pl.seed_everything(0)
-    world, per_node = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     trainer = pl.Trainer(
+        # One Lightning process per rank hpc_train started: devices=LOCAL_WORLD_SIZE,
+        # num_nodes=WORLD_SIZE // LOCAL_WORLD_SIZE (devices="auto" on CPU fails in Lightning).
+        **trainer_shape(),
         accelerator="cpu",
-        devices=per_node,
-        num_nodes=world // per_node,
         strategy="ddp",
         use_distributed_sampler=False,  # the loader brings its own DistributedSampler
         max_steps=args.steps,
