@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config import RESUME_SAFE_KEYS, Config
+from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
@@ -40,11 +40,27 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _comparable(text: str) -> dict[str, Any]:
+    """A saved config, flat, as this version writes it: keys added since it was saved get their defaults, and
+    early stopping's ``mode: auto`` is resolved (older versions saved the resolved value)."""
+    node = OmegaConf.create(text)
+    try:
+        if isinstance(node, DictConfig):
+            text = OmegaConf.to_yaml(OmegaConf.structured(config_from_dict(node)))
+    except ConfigError:
+        pass  # compared as it is; the differences are named either way
+    flat = _flat(OmegaConf.to_container(OmegaConf.create(text)))
+    key = "trainer.early_stopping"
+    if flat.get(f"{key}.mode") == "auto":
+        flat[f"{key}.mode"] = "min" if flat.get(f"{key}.monitor") == "val_loss" else "max"
+    return flat
+
+
 def _check_resubmission(run_dir: RunDir, text: str) -> None:
     """A run dir that already holds a run may go on with a config that differs only in RESUME_SAFE_KEYS (train
     longer, another partition); any other difference is refused, naming the keys, since the saved run was
     trained with the old values."""
-    old, new = (_flat(OmegaConf.to_container(OmegaConf.create(t))) for t in (run_dir.config.read_text(), text))
+    old, new = (_comparable(t) for t in (run_dir.config.read_text(), text))
     differ = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
     fixed = [k for k in differ if k not in RESUME_SAFE_KEYS]
     if fixed:

@@ -45,7 +45,7 @@ def check_devices(cfg: Config, cuda_count: Callable[[], int] | None = None) -> N
     """A local or debug run trains on this machine: the GPUs it asks for must be here."""
     if cfg.cluster.launcher == "slurm" or cfg.script.enabled:
         return
-    wants = cfg.cluster.gpus_per_node or (1 if cfg.trainer.device == "cuda" else 0)
+    wants = cfg.cluster.gpus_per_node or (1 if cfg.trainer.device == "cuda" or cfg.trainer.strategy == "dp" else 0)
     if not wants:
         return
     if cuda_count is None:
@@ -55,11 +55,11 @@ def check_devices(cfg: Config, cuda_count: Callable[[], int] | None = None) -> N
     have = cuda_count()
     if have >= wants:
         return
-    key, value = (
-        ("cluster.gpus_per_node", cfg.cluster.gpus_per_node)
-        if cfg.cluster.gpus_per_node
-        else ("trainer.device", cfg.trainer.device)
-    )
+    key, value = "trainer.device", str(cfg.trainer.device)
+    if cfg.cluster.gpus_per_node:
+        key, value = "cluster.gpus_per_node", str(cfg.cluster.gpus_per_node)
+    elif cfg.trainer.strategy == "dp":  # DataParallel over no GPU would silently be one process
+        key, value = "trainer.strategy", cfg.trainer.strategy
     raise ConfigError(
         f"{key}={value} asks for {wants} GPU(s), but torch sees {have} on this machine "
         f"(cluster.launcher={cfg.cluster.launcher} runs here). HINT: set cluster.gpus_per_node=0 "

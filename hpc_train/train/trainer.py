@@ -21,7 +21,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from hpc_train.config import Config
+from hpc_train.config import Config, TrainerConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
@@ -375,16 +375,7 @@ class Trainer:
         )
 
     def _binding_limit(self) -> str:
-        """Which of trainer.max_steps and the epoch limit ends this run, in words for the start-up line."""
-        tc = self.cfg.trainer
-        by_epochs = tc.epoch_limit * self.steps_per_epoch
-        if tc.max_steps and (not by_epochs or tc.max_steps <= by_epochs):
-            bound = f"trainer.max_steps={tc.max_steps} binds"
-            return bound if not tc.epoch_limit else f"{bound}, before {tc.epoch_limit} epochs"
-        epochs = f"trainer.max_epochs={tc.epoch_limit} binds"
-        if tc.max_epochs is None:
-            epochs = f"{tc.epoch_limit} epochs (the default) bind"
-        return epochs if not tc.max_steps else f"{epochs}, before trainer.max_steps={tc.max_steps}"
+        return binding_limit(self.cfg.trainer, self.steps_per_epoch)
 
     # ---- files ----------------------------------------------------------------------------------------------
 
@@ -556,6 +547,18 @@ class Trainer:
         self.progress.close()
         self.metrics.close()
         self.observer.close()
+
+
+def binding_limit(tc: TrainerConfig, steps_per_epoch: int) -> str:
+    """Which of trainer.max_steps and the epoch limit ends the run, in words for the start-up line."""
+    by_epochs = tc.epoch_limit * steps_per_epoch
+    if tc.max_steps and (not by_epochs or tc.max_steps <= by_epochs):
+        bound = f"trainer.max_steps={tc.max_steps} binds"
+        return bound if not tc.epoch_limit else f"{bound}, before {tc.epoch_limit} epochs"
+    epochs = f"trainer.max_epochs={tc.epoch_limit} binds"
+    if tc.max_epochs is None:
+        epochs = f"{tc.epoch_limit} epochs (the default) bind"
+    return epochs if not tc.max_steps else f"{epochs}, before trainer.max_steps={tc.max_steps}"
 
 
 def _shown(key: str, value: Any) -> str:

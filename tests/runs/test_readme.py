@@ -61,6 +61,26 @@ def test_local_examples_run(args: list[str], run_cli, tmp_path: Path) -> None:  
         assert (Path(run_dir) / "model_final.pt").is_file()
 
 
+# The Configuration section's examples, run as the README writes them: each must learn within its budget.
+TEACHING = [args for args in LOCAL_EXAMPLES if args[0] in ("trainer.max_steps=200", "model=cnn", "cluster=debug")]
+
+
+def test_the_teaching_examples_are_found() -> None:
+    assert len(TEACHING) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", TEACHING, ids=" ".join)
+def test_configuration_examples_learn(args: list[str], run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Unshrunk: the final validation accuracy is well above chance (0.1), as the README says."""
+    from hpc_train.core.metrics import read_metrics
+
+    proc, run_dir = run_cli(*args, "trainer.progress_bar=false", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    accuracy = [r["val_acc"] for r in read_metrics(run_dir / "metrics.jsonl") if "val_acc" in r]
+    assert accuracy and accuracy[-1] > 0.3, accuracy
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [a for a in cli_examples("hpc_train.scaling") if not is_slurm(a)], ids=" ".join)
 def test_local_scaling_example_runs(args: list[str], tmp_path: Path) -> None:
@@ -80,7 +100,7 @@ def test_user_repository_example_is_complete() -> None:
         "conf/experiment/quick.yaml",
     }
     examples = user_repo_examples()
-    assert len(examples) == 2 and any("cluster=mycluster" in e for e in examples)
+    assert len(examples) == 4 and any("cluster=mycluster" in e for e in examples)
 
 
 @pytest.mark.slow
@@ -95,8 +115,9 @@ def test_user_repository_runs_here(args: list[str], tmp_path: Path) -> None:
     repo.mkdir()
     prepare_cwd(repo)
     hpc_train = Path(sys.executable).parent / "hpc-train"
+    sweep = "-m" in args
     proc = subprocess.run(
-        [str(hpc_train), *args, "hydra.run.dir=run", "trainer.progress_bar=false"],
+        [str(hpc_train), *args, "hydra.sweep.dir=run" if sweep else "hydra.run.dir=run", "trainer.progress_bar=false"],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -105,6 +126,9 @@ def test_user_repository_runs_here(args: list[str], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     from hpc_train.config import load_config
 
-    cfg = load_config(repo / "run" / "config.yaml")
-    assert cfg.model == {"_target_": "my_models.TinyNet", "width": 64} and cfg.trainer.max_steps == 40
-    assert (repo / "run" / "model_final.pt").is_file()
+    width = next((a.split("=", 1)[1] for a in args if a.startswith("model.width=")), "64")
+    runs = [repo / "run" / str(i) for i in range(len(width.split(",")))] if sweep else [repo / "run"]
+    for run, value in zip(runs, width.split(","), strict=True):
+        cfg = load_config(run / "config.yaml")
+        assert cfg.model == {"_target_": "my_models.TinyNet", "width": int(value)} and cfg.trainer.max_steps == 40
+        assert (run / "model_final.pt").is_file()

@@ -36,7 +36,10 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with the wheel built from the sdist, installed the way a user installs it."""
     base = tmp_path_factory.mktemp("wheel")
     dist = base / "dist"
-    sh(sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(dist)!r})", cwd=REPO)
+    before = {p.name for p in REPO.iterdir()}
+    sh(sys.executable, "-m", "build", "--sdist", "--outdir", dist, REPO, cwd=base)
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", base / "from-tree", REPO, cwd=base)
+    assert {p.name for p in REPO.iterdir()} <= before, "building wrote into the source tree (build/, *.egg-info)"
     (sdist,) = dist.glob("hpc_train-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = tar.getnames()

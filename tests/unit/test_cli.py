@@ -105,6 +105,22 @@ def test_what_can_be_checked_before_launch_is(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"trainer\.device=cuda asks for 1 GPU\(s\), but torch sees 0"):
         check_devices(cfg, cuda_count=lambda: 0)
     check_devices(cfg, cuda_count=lambda: 1)
+    with pytest.raises(ConfigError, match=r"trainer\.strategy=dp asks for 1 GPU\(s\), but torch sees 0"):
+        check_devices(compose_config("cluster=debug", "trainer.strategy=dp"), cuda_count=lambda: 0)
     cfg = compose_config("cluster.gpus_per_node=2")
     with pytest.raises(ConfigError, match=r"cluster\.gpus_per_node=2 asks for 2 GPU\(s\), but torch sees 1"):
         check_devices(cfg, cuda_count=lambda: 1)
+
+
+def test_small_words_of_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_train.core.textutil import PROGRESS_TTY, at_step, plural, shows_progress_bar
+
+    assert (plural(1, "rank"), plural(2, "rank")) == ("1 rank", "2 ranks")
+    assert (at_step(7), at_step(None)) == ("at step 7", "(the script reported no step)")
+    import io
+
+    monkeypatch.delenv(PROGRESS_TTY, raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # piped or a batch log: no carriage-return redraws
+    assert not shows_progress_bar()
+    monkeypatch.setenv(PROGRESS_TTY, "1")  # a local launcher on a terminal says so to its ranks
+    assert shows_progress_bar()

@@ -245,3 +245,17 @@ def test_sbatch_args_take_new_keys_without_a_plus() -> None:
     assert cfg.cluster.sbatch_args == {"mail-type": "END", "mail-user": "me@x.org"}
     with pytest.raises(ConfigError, match=r"--time is set by hpc_train\. HINT: use cluster\.timeout_min"):
         composed("cluster=slurm", "cluster.sbatch_args.time=10")
+
+
+def test_a_run_dir_saved_by_an_older_version_resumes(tmp_path: Path) -> None:
+    """Keys added since (trainer.init_from, cluster.container) and the once-resolved early stopping mode are no
+    difference; a real one still is."""
+    run_dir = RunDir(tmp_path)
+    write_config(composed(), run_dir)
+    old = OmegaConf.load(run_dir.config)
+    del old.trainer["init_from"], old.cluster["container"]
+    old.trainer.early_stopping.mode, old.trainer.max_epochs = "min", 3
+    run_dir.config.write_text(OmegaConf.to_yaml(old))
+    write_config(composed("trainer.max_epochs=3"), run_dir)
+    with pytest.raises(ConfigError, match=r"trainer\.early_stopping\.mode: 'min' -> 'max'"):
+        write_config(composed("trainer.max_epochs=3", "trainer.early_stopping.mode=max"), run_dir)

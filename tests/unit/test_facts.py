@@ -164,3 +164,12 @@ def test_written_profile_composes_and_keeps_the_facts(
     assert recorded.partitions == facts.partitions and recorded.accounts == facts.accounts
     with pytest.raises(ConfigError, match=r"gpus_per_node=8 cannot run: the nodes of partition gpu have 4 GPUs"):
         check_request(compose_config("cluster=mycluster", "cluster.gpus_per_node=8").cluster, recorded)
+
+
+def test_profile_shows_memory_to_a_tenth_of_a_gigabyte(facts: ClusterFacts) -> None:
+    import dataclasses
+
+    odd = dataclasses.replace(facts.partitions["cpu"], mem_mb=9642)
+    rows = table(dataclasses.replace(facts, partitions={"cpu": odd})).splitlines()
+    assert rows[1].split()[4] == "9.4G"
+    assert table(facts).splitlines()[1].split()[4] == "250G"

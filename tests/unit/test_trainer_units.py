@@ -180,3 +180,20 @@ def test_global_batch_counts_accumulation() -> None:
     cfg = composed("trainer.batch_size=16", "trainer.accumulate_grad_batches=4")
     assert cfg.global_batch_size == 16 * 2 * 4
     assert TrainerConfig().accumulate_grad_batches == 1
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ({}, "3 epochs (the default) bind"),
+        ({"max_steps": 1500}, "trainer.max_steps=1500 binds"),
+        ({"max_steps": 50, "max_epochs": 2}, "trainer.max_steps=50 binds, before 2 epochs"),
+        ({"max_steps": 500, "max_epochs": 2}, "trainer.max_epochs=2 binds, before trainer.max_steps=500"),
+    ],
+)
+def test_the_start_up_line_says_which_limit_binds(limits: dict[str, int], said: str) -> None:
+    from hpc_train.config import TrainerConfig
+    from hpc_train.train.trainer import _shown, binding_limit
+
+    assert binding_limit(TrainerConfig(**limits), steps_per_epoch=100) == said  # type: ignore[arg-type]
+    assert _shown("first_step_at", 1.796e9).count(":") == 2 and _shown("lr", 0.001234567) == "0.001235"
