@@ -53,6 +53,7 @@ __all__ = [
     "chosen_option_keys",
     "config_from_dict",
     "control_character",
+    "hydra_quoted",
     "load_config",
     "mem_mb",
     "override_keys",
@@ -399,7 +400,7 @@ class ClusterConfig(_Checked):
                 "give flag names without dashes, e.g. cluster.sbatch_args={mail-type: END}",
             )
         self._require(
-            len(_shell_words(self.python)) <= 1,
+            len(_shell_words(self.python)) <= 1 or Path(self.python).is_file(),  # a path with a space is fine
             "python",
             "must be one executable; a wrapper such as `apptainer exec` would be quoted as part of its name",
             f"set cluster.python to the Python inside, and the wrapper as cluster.container="
@@ -962,6 +963,7 @@ RESUME_SAFE_KEYS = (
     "trainer.plots",
     "trainer.profile_steps",
     "trainer.early_stopping.patience",
+    "trainer.init_from",  # read only when the run dir has no checkpoint of its own
     "cluster.timeout_min",
     "cluster.failure_grace_s",
     "cluster.submit",
@@ -1171,6 +1173,15 @@ def check_override_syntax(argv: list[str]) -> None:
             ) from None
 
 
+def hydra_quoted(text: str) -> str:
+    """``text`` as a single-quoted value of Hydra's override grammar (backslashes and quotes escaped): a path or
+    a word that may hold commas, brackets, = or spaces."""
+    # Hydra reads a backslash literally unless it comes before a quote or the closing quote: double only those.
+    # (A ${...} stays an OmegaConf interpolation, as anywhere in a config: the shell has expanded $VARS already.)
+    escaped = re.sub(r"(\\+)(?='|$)", r"\1\1", text).replace("'", "\\'")
+    return f"'{escaped}'"
+
+
 def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> None:
     """Every check of command-line overrides that runs before Hydra composes: the syntax Hydra's grammar would
     reject with an unhelpful message, then keys that neither the schema nor the chosen option files know.
@@ -1208,8 +1219,15 @@ def chosen_option_keys(argv: list[str], config_dirs: list[Path]) -> dict[str, di
     defaults: list[Any] = main.get("defaults", []) if isinstance(main, dict) else []
     dirs = [arg for d in config_dirs for arg in ("--config-dir", str(d))]
     chosen: dict[str, dict[str, set[str] | None]] = {}
+    # A group of the user's own (+experiment=quick) may pick options itself (override /model: tiny): then the
+    # option groups are not known before Hydra composes, and their keys are left for Hydra to judge.
+    own_group = any(re.match(r"\+{1,2}[\w-]+=", a) and a.lstrip("+").split("=")[0] not in _OPTION_GROUPS for a in argv)
     for group, schemas in _OPTION_GROUPS.items():
-        picked = [a.split("=", 1)[1] for a in argv if re.fullmatch(rf"\+{{0,2}}{group}=[\w,.-]+", a)]
+        given = [a for a in argv if re.match(rf"\+{{0,2}}{group}=", a)]
+        if own_group or (given and not re.fullmatch(rf"\+{{0,2}}{group}=[\w,.-]+", given[-1])):
+            chosen[group] = {"(chosen when composed)": None}  # or a sweep function: choice(...), glob(...)
+            continue
+        picked = [a.split("=", 1)[1] for a in given]
         names = (
             picked[-1].split(",") if picked else [d[group] for d in defaults if isinstance(d, Mapping) and group in d]
         )

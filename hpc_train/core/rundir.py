@@ -76,7 +76,7 @@ def _read_dict(path: Path) -> dict[str, Any]:
 def run_labels(runs: Sequence[RunDir]) -> list[str]:
     """Each run's overrides less those all the runs share (what sets an element of a sweep apart), space
     separated: the names ``jobs collect`` and ``plot --compare`` give the runs ("" for a run with none)."""
-    overrides = [rd.read_overrides() for rd in runs]
+    overrides = [rd.label_overrides() for rd in runs]
     shared = set.intersection(*(set(o) for o in overrides)) if len(overrides) > 1 else set()
     return [" ".join(o for o in own if o not in shared) for own in overrides]
 
@@ -119,6 +119,11 @@ class RunDir:
 
             recorded = OmegaConf.to_container(OmegaConf.load(self.path / HYDRA_OVERRIDES))
         return [str(o) for o in recorded] if isinstance(recorded, list) else []
+
+    def label_overrides(self) -> list[str]:
+        """The overrides that say what the run changed: without Hydra's flags (``--config-dir=...``), which are
+        recorded for the resume command only."""
+        return [o for o in self.read_overrides() if not o.startswith("-")]
 
     @property
     def job_record(self) -> Path:
@@ -217,7 +222,7 @@ class RunDir:
         """Where rank 0's SummaryWriter writes: a folder under tensorboard/ named after the run's overrides, so
         that ``tensorboard --logdir SWEEP_DIR`` names each run by what it changed (``0/tensorboard/trainer.lr=0.1``)
         rather than by its number alone. tensorboard/ itself for a run without overrides."""
-        name = ",".join(self.read_overrides()).replace(os.sep, "_")  # a "/" in a value would nest folders
+        name = ",".join(self.label_overrides()).replace(os.sep, "_")  # a "/" in a value would nest folders
         return self.tensorboard / name[:200] if name else self.tensorboard
 
     @property

@@ -25,6 +25,8 @@ def write_config(cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None =
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
+    if run_dir.config.exists() and not cfg.script.enabled:
+        _check_something_to_resume(run_dir)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
     run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
 
@@ -75,6 +77,18 @@ def _check_resubmission(run_dir: RunDir, text: str) -> None:
         )
     if differ:
         print(f"hpc_train: resuming {run_dir.path} with new values of {', '.join(differ)}", flush=True)
+
+
+def _check_something_to_resume(run_dir: RunDir) -> None:
+    """A finished run (model_final.pt) that left no checkpoint, as older versions did, would be trained again
+    from step 0 over its own weights and metrics: refuse, and say how to go on from it."""
+    if run_dir.model_final.exists() and not run_dir.checkpoint_files():
+        raise ConfigError(
+            f"hydra.run.dir={run_dir.path} holds a finished run with no checkpoint to go on from (it was written "
+            f"before runs kept their last step), so this would train it again from step 0 over its "
+            f"{run_dir.model_final.name}. HINT: start a new run from its weights: leave hydra.run.dir unset and "
+            f"add trainer.init_from={run_dir.path}"
+        )
 
 
 def _hydra_overrides() -> list[str]:

@@ -182,7 +182,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
                 _stop(job, run_dir.submitit)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
-        if not _checkpoint_and_stop(job, run_dir, tails):
+        if not _checkpoint_and_stop(job, run_dir, tails, cluster.world_size):
             _stop(job, run_dir.submitit)
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
@@ -209,22 +209,26 @@ def _rank_pids(job: LocalJob[Any]) -> list[int]:
 
 
 def _ask_ranks_to_stop(job: LocalJob[Any], run_dir: RunDir, asked: dict[int, float]) -> None:
-    """SIGTERM to every rank once, and again every RESEND_S to a rank that has not yet reached training: a
-    signal that lands before the rank's first line runs (the interpreter still starting) is taken by the
-    default handler of the controller's child or by submitit's, which ignores it. A rank that has written a
-    status has its own handler, which keeps the first signal: it is not asked again."""
-    # A rank writes its first status right after its handlers are in place (hpc_train.runtime.startup).
-    handled = {s.get("pid") for s in run_dir.read_statuses().values()}
+    """SIGTERM to every rank, until it is sure to have been heard: a signal that lands before the rank's own
+    handlers are in place (the interpreter still starting, or submitit's handler, which ignores SIGTERM) is
+    lost. A rank writes its first status right after its handlers are in place (hpc_train.runtime.startup):
+    a rank without one is asked again every RESEND_S, and once more when its status appears. ``asked``: pid ->
+    time of the last ask, 0 once the rank is sure to have heard. Repeats do no harm: its handler keeps the
+    first signal."""
+    with_status = {s.get("pid") for s in run_dir.read_statuses().values()}
     now = time.monotonic()
     for pid in _rank_pids(job):
-        if pid in asked and (pid in handled or now - asked[pid] < RESEND_S):
+        last = asked.get(pid)
+        if last == 0 or (last is not None and pid not in with_status and now - last < RESEND_S):
             continue
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        asked[pid] = now
+        asked[pid] = 0 if pid in with_status else now
 
 
-def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail], timeout_s: float = 120.0) -> bool:
+def _checkpoint_and_stop(
+    job: LocalJob[Any], run_dir: RunDir, tails: list[Tail], world_size: int, timeout_s: float = 120.0
+) -> bool:
     """Ctrl-C or SIGTERM: ask every rank to checkpoint (SIGTERM, which they turn into a stop at the next step
     boundary) and wait for them; True if they all ended that way. A second Ctrl-C gives up at once."""
     print(
@@ -241,13 +245,15 @@ def _checkpoint_and_stop(job: LocalJob[Any], run_dir: RunDir, tails: list[Tail],
     except KeyboardInterrupt:
         return False
     statuses = run_dir.read_statuses()
-    return job.done() and all_ranks(statuses, len(statuses), RankState.STOPPED)
+    # Every rank stopped on the signal; a rank still starting when it came (no status) was simply ended.
+    return job.done() and all_ranks(statuses, world_size, RankState.STOPPED)
 
 
 def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:
     statuses = run_dir.read_statuses()
     if all_ranks(statuses, world_size, RankState.COMPLETED):
-        print(f"hpc_train: all {world_size} ranks completed. Run dir: {run_dir.path}", flush=True)
+        who = "the rank" if world_size == 1 else f"all {world_size} ranks"
+        print(f"hpc_train: {who} completed. Run dir: {run_dir.path}", flush=True)
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):
         step = statuses[0].get("step")

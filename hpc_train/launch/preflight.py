@@ -86,10 +86,15 @@ def _resolve(path: str) -> Any:
     sys.path.insert(0, os.getcwd())
     try:
         for cut in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:cut])
             try:
-                obj: Any = importlib.import_module(".".join(parts[:cut]))
-            except ModuleNotFoundError:
+                obj: Any = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name is not None and not module.startswith(exc.name):
+                    raise ImportError(f"importing {module} failed: {exc}") from None  # a module it imports
                 continue
+            except Exception as exc:  # noqa: BLE001 - the user's module raised while being imported
+                raise ImportError(f"importing {module} raised {type(exc).__name__}: {exc}") from None
             for attr in parts[cut:]:
                 if not hasattr(obj, attr):
                     raise ImportError(f"{'.'.join(parts[:cut])!r} has no attribute {attr!r}")
@@ -111,10 +116,10 @@ def check_targets(cfg: Config) -> None:
         try:
             obj = _resolve(target)
         except ImportError as exc:
-            message = (
-                f"{key}._target_={target!r} cannot be imported here ({exc}). HINT: run from the folder that holds "
-                "your module, or put it on PYTHONPATH."
-            )
+            hint = "run from the folder that holds your module, or put it on PYTHONPATH"
+            if str(exc).startswith("importing "):  # found, but its own import failed
+                hint = "fix that error in your module, or install what it imports"
+            message = f"{key}._target_={target!r} cannot be imported here ({exc}). HINT: {hint}."
             if cfg.cluster.launcher == "slurm":
                 warnings.warn(
                     message + " (Not refused: cluster.setup may make it importable on the nodes.)", stacklevel=2

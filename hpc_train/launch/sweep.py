@@ -7,6 +7,7 @@ as soon as Slurm has the array (hydra#2479: sweeps that block the terminal until
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, open_dict
 from hpc_train.config import Config, config_from_dict
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.searchpath import config_dir_arg
 from hpc_train.launch.preflight import preflight
 
 __all__ = ["launch_sweep"]
@@ -96,8 +98,9 @@ def _submit_array(
     from hpc_train.launch.slurm import submit_slurm
 
     run_dirs = [_run_dir(c) for c in sweep_configs]
+    flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]  # for each resume command
     for cfg, rd, overrides in zip(typed, run_dirs, job_overrides, strict=True):
-        write_config(cfg, rd, overrides)
+        write_config(cfg, rd, [*flags, *overrides])
     sweep_dir = Path(str(sweep_configs[0].hydra.sweep.dir))
     job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
     if job_ids:

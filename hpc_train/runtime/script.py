@@ -42,7 +42,7 @@ from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
 from hpc_train.core.state import RankState
 from hpc_train.dist import DistEnv
 from hpc_train.runtime.outcome import Fit
-from hpc_train.train.stopping import signal_number
+from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = ["ScriptError", "ScriptRun", "run_script", "run_user_script", "torchrun_environment"]
 
@@ -125,13 +125,14 @@ def run_script(
     run_dir: str,
     timeout: timedelta,
     attempt: int = 0,
-    early_stop: int = 0,
+    early_stop: StopSignals | None = None,
 ) -> ScriptRun:
     """Run the script as a child process with the torchrun environment, until it exits.
 
     Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script;
-    the first stop signal among them is remembered. ``early_stop``: one that came during the rank's start-up,
-    passed on as soon as the script runs.
+    the first stop signal among them is remembered. ``early_stop``: the handlers of the rank's start-up; a
+    signal they caught (up to the moment this one takes over, the store's connection included) is passed on
+    as soon as the script runs.
     """
     import torch.distributed as dist
 
@@ -154,8 +155,8 @@ def run_script(
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    if early_stop:
-        forward(early_stop, None)
+    if early_stop is not None and early_stop.received:
+        forward(early_stop.received, None)
     try:
         code = child.wait()
     finally:
@@ -165,7 +166,7 @@ def run_script(
     return ScriptRun(code, stopped_by, stderr.tail())
 
 
-def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_stop: int = 0) -> Fit:
+def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_stop: StopSignals | None = None) -> Fit:
     """The user's torchrun-style script instead of the trainer; it sets up its own process group.
 
     Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported

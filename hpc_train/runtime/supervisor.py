@@ -146,6 +146,10 @@ class _Step:
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if self.forward_stop and signals.count > 1:  # a second Ctrl-C: no checkpoint wanted, end it now
+                _say("a second stop signal; ending srun")
+                code = self._end()
+                break
             if signals.received and signalled_at is None:
                 signalled_at = time.monotonic()
                 if self.forward_stop:  # srun passes it on to every task: they checkpoint and stop
@@ -203,7 +207,8 @@ class Supervisor:
             self.job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
         # `scontrol requeue` keeps the job id: an allocation is the job id and Slurm's restart count.
         self.requeue = int(environ.get("SLURM_RESTART_COUNT") or 0)
-        self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT])
+        hangup = [signal.SIGHUP] if interactive else []  # the terminal that runs it closed
+        self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT, *hangup])
         self.python = self.cluster.python or sys.executable
 
     # ---- the ledger ---------------------------------------------------------------------------------------
@@ -333,9 +338,13 @@ class Supervisor:
         _say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
         step = _Step(argv, {**self.environ, ATTEMPT_VARIABLE: str(number)}, forward_stop=self._forwarded())
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
-        code = step.wait(
-            self.signals, self.cluster.srun_wait_s + STOP_GRACE_S, lambda: bool(self._statuses(number)), launch_s
-        )
+        try:
+            code = step.wait(
+                self.signals, self.cluster.srun_wait_s + STOP_GRACE_S, lambda: bool(self._statuses(number)), launch_s
+            )
+        finally:
+            if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
+                step._end()
         entry.update(end=time.time(), exit_code=code, progress=self.rd.read_progress(0))
         statuses = self._statuses(number)
         if all_ranks(statuses, self.cluster.world_size, RankState.COMPLETED):

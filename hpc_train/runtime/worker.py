@@ -62,7 +62,7 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
         from hpc_train.runtime.script import run_user_script
 
         startup.done()
-        fit = run_user_script(rd, env, cfg, attempt, early_stop=startup.stop_received)
+        fit = run_user_script(rd, env, cfg, attempt, early_stop=startup.signals)
     else:
         fit = _train(rd, env, cfg, attempt, startup)
     if fit.completed:

@@ -26,6 +26,7 @@ from hpc_train.config import (
     Config,
     check_overrides,
     config_from_dict,
+    hydra_quoted,
     register_configs,
 )
 from hpc_train.core.errors import ConfigError, LaunchError
@@ -52,11 +53,6 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
     return config_from_dict(raw)
-
-
-def _quoted(path: Path) -> str:
-    """A path as a quoted Hydra override value."""
-    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclass
@@ -125,7 +121,7 @@ def submit(*overrides: str, run_dir: str | Path | None = None, config_dir: str |
     path = Path(run_dir) if run_dir else Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S.%f")
     path = path.resolve()
     path.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "hpc_train", *overrides, f"hydra.run.dir={_quoted(path)}"]
+    argv = [sys.executable, "-m", "hpc_train", *overrides, f"hydra.run.dir={hydra_quoted(str(path))}"]
     if config_dir:
         argv += ["--config-dir", str(Path(config_dir).resolve())]
     with RunDir(path).launcher_log.open("ab") as log:

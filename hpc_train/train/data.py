@@ -13,6 +13,7 @@ from hpc_train.config import DataConfig
 from hpc_train.dist import DistEnv
 
 __all__ = [
+    "SYNTHETIC_VERSION",
     "BatchedTensorDataset",
     "ResumableSampler",
     "ShardSampler",
@@ -21,6 +22,9 @@ __all__ = [
     "make_synthetic",
 ]
 
+SYNTHETIC_VERSION = 2
+"""The synthetic set's generator, recorded in checkpoints: 2 draws smooth means for image shapes (1 drew
+white-noise means for every shape). A run trained on one resumes only on the same data."""
 IMAGE_GRID = 4
 """Image class means vary over cells of IMAGE_GRID x IMAGE_GRID pixels."""
 _ADD_CHUNK = 2048

@@ -36,12 +36,15 @@ class StopSignals:
     def __init__(self, signums: Iterable[int]) -> None:
         self.signums = sorted(set(signums))
         self.received = 0
+        self.count = 0
+        """How many of the signals arrived (a second Ctrl-C asks for more haste)."""
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, Any] | None = None
         """The reduction started by the last agree(): (work handle, flag tensor)."""
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        # Nothing but an assignment: see the module docstring.
+        # Nothing but assignments: see the module docstring.
+        self.count += 1
         if not self.received:
             self.received = signum
 

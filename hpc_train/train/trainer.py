@@ -36,7 +36,7 @@ from hpc_train.train.checkpoint import (
     restore_rng,
     save_atomic,
 )
-from hpc_train.train.data import make_datasets, make_loaders
+from hpc_train.train.data import SYNTHETIC_VERSION, make_datasets, make_loaders
 from hpc_train.train.early_stopping import EarlyStopping
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
@@ -180,7 +180,10 @@ class Trainer:
         self._fit_start = self._window_start = time.perf_counter()
         self.model.train()
         self.observer.start()
-        if self.step >= self.total_steps:  # resumed from a checkpoint taken at the very end
+        # Resumed from a checkpoint taken at the very end, or at an early stop that still holds (the same
+        # patience): the run is over; running it again must not train on past it.
+        stopped_early = 0 < self.cfg.trainer.early_stopping.patience <= self.early_stopping.bad_validations
+        if self.step >= self.total_steps or stopped_early:
             self._save_final()
             return COMPLETED
         max_epochs = self.cfg.trainer.epoch_limit or math.inf
@@ -440,6 +443,7 @@ class Trainer:
             "window": [[r["window_loss"] for r in ranks], self._window_steps],
             "world_size": self.env.world_size,
             "early_stopping": [self.early_stopping.best, self.early_stopping.bad_validations],
+            "synthetic_version": SYNTHETIC_VERSION,
             "config": self._config_dict(),
         }
 
@@ -467,6 +471,7 @@ class Trainer:
                 "random states and data shards would not line up. HINT: resume with the same cluster shape, or "
                 "start a new run directory"
             )
+        self._check_same_data(path, state)
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -484,6 +489,17 @@ class Trainer:
             self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()
         log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
+
+    def _check_same_data(self, path: Path, state: dict[str, Any]) -> None:
+        """A synthetic image set changed with SYNTHETIC_VERSION 2: a run begun on the old one must not go on with
+        the same config.yaml and other data."""
+        images = self.cfg.data.dataset is None and len(self.cfg.data.input_shape) == 3
+        if images and state.get("synthetic_version", 1) != SYNTHETIC_VERSION:
+            raise ConfigError(
+                f"{path} was trained on the synthetic images of an older hpc_train (white-noise class means); "
+                "this version draws smooth ones, so resuming would go on with other data. HINT: start a new run "
+                f"from its weights: leave hydra.run.dir unset and add trainer.init_from={self.run_dir.path}"
+            )
 
     def _init_from(self) -> None:
         """A new run from the weights of an earlier one (trainer.init_from); every rank reads the same file."""

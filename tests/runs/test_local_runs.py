@@ -181,3 +181,16 @@ def test_train_longer_in_the_same_run_dir_and_start_from_its_weights(run_cli, tm
     assert read_metrics(new_dir / "metrics.jsonl")[0]["train_loss"] < first_loss  # it starts where the first ended
     missing, _ = run_cli(*job, "trainer.init_from=nowhere", run_dir=tmp_path / "bad")
     assert missing.returncode == 2 and "trainer.init_from='nowhere': no such file or run dir" in missing.stderr
+
+
+def test_an_early_stopped_run_run_again_stays_stopped(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """The same command again on an early-stopped run dir resumes at its end and trains no further."""
+    job = [*SMALL, "trainer.progress_bar=false", "trainer.plots=false", "trainer.tensorboard=false"]
+    job += ["trainer.max_steps=2000", "trainer.val_every_n_steps=5", "trainer.early_stopping.patience=1"]
+    job += ["trainer.early_stopping.min_delta=10"]  # no validation can improve by 10: stops at the second one
+    first, run_dir = run_cli(*job)
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    again, _ = run_cli(*job, run_dir=run_dir)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert read_metrics(run_dir / "metrics.jsonl") == rows, "the rerun trained past the early stop"

@@ -124,3 +124,41 @@ def test_small_words_of_the_output(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not shows_progress_bar()
     monkeypatch.setenv(PROGRESS_TTY, "1")  # a local launcher on a terminal says so to its ranks
     assert shows_progress_bar()
+
+
+def test_words_after_a_lone_dash_dash_become_one_script_args_override() -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hpc_train.cli import with_passthrough
+
+    words = ["--tag", "a,b", "it's", "c:\\d", "e\\", "x y", "[z]", "--lr=1e-3"]
+    argv = with_passthrough(["-m", "trainer.lr=1e-3,1e-2", "--", *words])
+    assert argv[:2] == ["-m", "trainer.lr=1e-3,1e-2"] and len(argv) == 3  # a sweep keeps them for every element
+    assert OverridesParser.create().parse_overrides([argv[2]])[0].value() == words
+    with pytest.raises(ConfigError, match=r"script\.args is given twice"):
+        with_passthrough(["script.args=[--x]", "--", "--y"])
+
+
+def test_options_picked_beyond_the_command_line_are_left_to_hydra(tmp_path: Path) -> None:
+    from hpc_train.config import check_overrides
+
+    check_overrides(["model=choice(mlp,cnn)", "model.channels=[8]"])  # a sweep function picks them
+    check_overrides(["+experiment=quick", "model.width=3"])  # an experiment may pick its own model
+    with pytest.raises(ConfigError, match=r"valid keys in model \(option mlp\)"):
+        check_overrides(["model=mlp", "model.width=3"])
+
+
+def test_a_target_whose_own_import_fails_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_train.launch.preflight import check_targets
+
+    (tmp_path / "needs_more.py").write_text("import no_such_dependency_here\nclass Net: ...\n")
+    (tmp_path / "raises.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.chdir(tmp_path)
+    for module, said in [
+        ("needs_more", r"importing needs_more failed: No module named 'no_such_dependency_here'\)\. HINT: fix"),
+        ("raises", r"importing raises raised RuntimeError: boom\)"),
+        ("nowhere", r"no module named 'nowhere'\)\. HINT: run from the folder"),
+    ]:
+        cfg = compose_config("model=custom", f"model._target_={module}.Net")
+        with pytest.raises(ConfigError, match=said):
+            check_targets(cfg)

@@ -192,7 +192,7 @@ def test_default_job_is_the_schema_defaults() -> None:
     [
         ([], "min"),
         (["trainer.early_stopping.monitor=val_acc"], "max"),
-        (["trainer.early_stopping.monitor=val_metric", "trainer.metric={_target_: torch.nn.L1Loss}"], "max"),
+        (["trainer.early_stopping.monitor=val_metric", "trainer.metric={_target_: torch.nn.CosineSimilarity}"], "max"),
         (
             [
                 "trainer.early_stopping.monitor=val_metric",
@@ -259,3 +259,27 @@ def test_a_run_dir_saved_by_an_older_version_resumes(tmp_path: Path) -> None:
     write_config(composed("trainer.max_epochs=3"), run_dir)
     with pytest.raises(ConfigError, match=r"trainer\.early_stopping\.mode: 'min' -> 'max'"):
         write_config(composed("trainer.max_epochs=3", "trainer.early_stopping.mode=max"), run_dir)
+
+
+def test_resume_command_and_labels_of_a_run_from_a_config_folder(tmp_path: Path) -> None:
+    from hpc_train.core.rundir import run_labels
+    from hpc_train.launch.state import resume_command
+
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    write_config(composed("trainer.lr=0.1"), run_dir, ["--config-dir=/my repo/conf", "trainer.lr=0.1"])
+    assert resume_command(run_dir).endswith("'--config-dir=/my repo/conf' trainer.lr=0.1")
+    assert run_labels([run_dir]) == ["trainer.lr=0.1"] and run_dir.tensorboard_run.name == "trainer.lr=0.1"
+
+
+def test_a_finished_run_without_a_checkpoint_is_not_trained_again(tmp_path: Path) -> None:
+    """Older versions left no checkpoint at the end: a resubmission would start over from step 0 on top of the
+    run's own weights. Refused, pointing to trainer.init_from."""
+    run_dir = RunDir(tmp_path)
+    write_config(composed(), run_dir)
+    run_dir.model_final.write_bytes(b"weights")
+    with pytest.raises(ConfigError, match=r"finished run with no checkpoint.*HINT: .*trainer\.init_from="):
+        write_config(composed("trainer.max_steps=50"), run_dir)
+    run_dir.checkpoint(10).parent.mkdir(parents=True)
+    run_dir.checkpoint(10).write_bytes(b"state")
+    write_config(composed("trainer.max_steps=50"), run_dir)

@@ -248,6 +248,13 @@ def test_parameter_section_holds_only_sbatch_lines(tmp_path: Path) -> None:
     text = render_sbatch(job_spec(golden_cluster(), [Path("/r")], Path("/r/logs")))
     section = text.split("# ---- parameters ----\n", 1)[1].split("\n\n", 1)[0]
     assert all(line.startswith("#SBATCH --") for line in section.splitlines()), section
+    # Past validation (a spec built by hand), the renderer itself refuses a payload in a flag's value or name.
+    import dataclasses
+
+    spec = job_spec(golden_cluster(), [Path("/r")], Path("/r/logs"))
+    for flags in ({**spec.flags, "job-name": PAYLOAD}, {**spec.flags, "mail-type\n#SBATCH --time=9999": "END"}):
+        with pytest.raises(ConfigError, match=r"control character"):
+            render_sbatch(dataclasses.replace(spec, flags=flags))
     # What is not config (the run dir in --output) is refused at render time too.
     with pytest.raises(ConfigError, match=r"--output=.*control character.*hydra\.run\.dir"):
         render_sbatch(job_spec(golden_cluster(), [Path("/r")], Path(f"/r/{PAYLOAD}")))
@@ -287,3 +294,10 @@ def test_submit_here_needs_an_allocation_that_fits() -> None:
         allocation_nodes(cfg, {**salloc, "SLURM_STEP_ID": "3"})
     with pytest.raises(ConfigError, match=r"needs 2 nodes, but allocation 42 holds 1 \(node1\)\. HINT: set cluster"):
         allocation_nodes(cfg, {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node1"})
+
+
+def test_a_python_path_with_a_space_is_one_executable(tmp_path: Path) -> None:
+    python = tmp_path / "J Doe" / "python"
+    python.parent.mkdir()
+    python.touch()
+    assert slurm(python=str(python)).python == str(python)

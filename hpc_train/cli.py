@@ -1,0 +1,78 @@
+"""The command line of ``python -m hpc_train`` / ``hpc-train``: compose and validate the config, launch it.
+
+The Hydra run directory is the run directory: the validated config is written there as ``config.yaml`` and
+every rank reads it from there. ``hpc_train/__main__.py`` imports this module inside its Ctrl-C guard.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from hpc_train.config import (
+    CONFIG_MODULE,
+    check_overrides,
+    config_from_dict,
+    hydra_quoted,
+    register_configs,
+)
+from hpc_train.core.errors import ConfigError, exit_plainly
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.searchpath import config_dir_arg
+from hpc_train.launch import write_config
+from hpc_train.launch.preflight import preflight
+
+register_configs()
+
+
+@hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
+def _app(raw: DictConfig) -> None:
+    try:
+        cfg = config_from_dict(raw)
+        preflight(cfg)
+        run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
+        # The resume command needs the user's config folder as much as the overrides.
+        flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]
+        write_config(cfg, run_dir, [*flags, *HydraConfig.get().overrides.task])
+    except ConfigError as exc:
+        print(f"hpc_train: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+    from hpc_train.launch import launch
+
+    with exit_plainly():
+        code = launch(cfg, run_dir)
+    if code:
+        raise SystemExit(code)
+
+
+def main() -> None:
+    """``hpc-train`` / ``python -m hpc_train`` (through ``hpc_train.__main__``, which guards Ctrl-C)."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        from hpc_train.tools.cli_help import help_text
+
+        print(help_text(sys.argv[1:]))
+        return
+    try:
+        sys.argv[1:] = with_passthrough(sys.argv[1:])
+        check_overrides(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"hpc_train: config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    _app()
+
+
+def with_passthrough(argv: list[str]) -> list[str]:
+    """The words after a lone ``--`` are the script's arguments, as typed: they become one ``script.args`` list
+    override (every element quoted for Hydra), so that a sweep, an array and the resume command keep them."""
+    if "--" not in argv:
+        return argv
+    cut = argv.index("--")
+    head, tail = argv[:cut], argv[cut + 1 :]
+    if any(a.split("=", 1)[0].lstrip("+") == "script.args" for a in head):
+        raise ConfigError("script.args is given twice: as an override and after --. HINT: keep one of the two forms")
+    return [*head, "script.args=[" + ",".join(hydra_quoted(a) for a in tail) + "]"]
