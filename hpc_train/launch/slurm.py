@@ -24,6 +24,7 @@ from hpc_train.config import Config
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.textutil import plural
 from hpc_train.launch.facts import ClusterFacts, check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.here import inside_allocation, launch_here
 from hpc_train.launch.sbatch import (
@@ -119,7 +120,8 @@ def submit_slurm(
 def _print_dry_run(cfg: Config, text: str, script: Path) -> None:
     print(f"hpc_train: dry run; nothing submitted. Script written to {script}:\n")
     print(text)
-    print(f"Expected ranks ({cfg.cluster.nodes} nodes x {cfg.cluster.tasks_per_node} tasks; node names are")
+    shape = f"{plural(cfg.cluster.nodes, 'node')} x {plural(cfg.cluster.tasks_per_node, 'task')}"
+    print(f"Expected ranks ({shape}; node names are")
     print("placeholders and the port is the one job id 12345 would get: each job derives its own):")
     print(format_emulated_table(emulate_rank_table(cfg.cluster)), flush=True)
 
