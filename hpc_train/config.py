@@ -1192,9 +1192,10 @@ def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> N
 
     dirs = [*(config_dirs or []), *config_dir_arg(argv), *user_config_dirs()]
     keys = override_keys(argv)
+    known = _group_keys()
     for key in keys:
         # A group of the user's own (conf/experiment/) is not in the defaults list: Hydra wants +group=option.
-        if "." not in key and key not in _group_keys() and any((d / key).is_dir() for d in dirs):
+        if "." not in key and key not in known and any((d / key).is_dir() for d in dirs):
             value = next(a.split("=", 1)[1] for a in argv if a.startswith(f"{key}="))
             raise ConfigError(
                 f"{key}={value}: {key} is a config group of yours, not one that hpc_train's defaults pick. "

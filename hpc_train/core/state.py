@@ -21,6 +21,7 @@ __all__ = [
     "RankFailure",
     "RankState",
     "all_ranks",
+    "child_pids",
     "is_live",
     "never_started",
     "pid_alive",
@@ -115,6 +116,16 @@ def _proc_stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces and ")"
+
+
+def child_pids(parent: int) -> list[int]:
+    """The processes on this machine whose parent is ``parent`` (field 2 of their /proc/<pid>/stat)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        fields = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[1] == str(parent):
+            children.append(int(entry.name))
+    return children
 
 
 def pid_alive(pid: int) -> bool:

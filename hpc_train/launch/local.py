@@ -32,6 +32,7 @@ from hpc_train.core.state import (
     RankFailure,
     RankState,
     all_ranks,
+    child_pids,
     rank_failures,
     rank_process_alive,
 )
@@ -196,16 +197,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
 def _rank_pids(job: LocalJob[Any]) -> list[int]:
     """The ranks' processes: the children of submitit's controller (whose pid is the job id). Found this way,
     not through the status files, a rank still importing torch (no status yet) is found too."""
-    controller = job.job_id
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[1] == controller:  # the field after the state is the parent's pid
-            pids.append(int(entry.name))
-    return pids
+    return child_pids(int(job.job_id))
 
 
 def _ask_ranks_to_stop(job: LocalJob[Any], run_dir: RunDir, asked: dict[int, float]) -> None:

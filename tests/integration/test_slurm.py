@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.core.state import child_pids
 
 from .conftest import SLURM_2X2, cli, wait_for_job
 
@@ -374,12 +375,7 @@ def test_ctrl_c_in_an_salloc_allocation_checkpoints(tmp_path: Path) -> None:
         assert time.monotonic() < deadline and salloc.poll() is None, "the run never reported a step"
         time.sleep(0.5)
 
-    def parent(pid: str) -> str:  # the field after the state in /proc/<pid>/stat
-        return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
-
-    launcher = next(
-        int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and parent(p.name) == str(salloc.pid)
-    )
+    (launcher,) = child_pids(salloc.pid)  # salloc runs the command as its one child
     os.kill(launcher, signal.SIGINT)
     _, err = salloc.communicate(timeout=120)
     assert salloc.returncode == 130, err[-3000:]
