@@ -17,13 +17,12 @@ import os
 import re
 import shlex
 import shutil
-import signal as _signal
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING as MISSING_FACTORY
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -31,9 +30,16 @@ from hpc_train.core.errors import ConfigError
 
 __all__ = [
     "CONFIG_MODULE",
+    "FLOAT32_MAX",
+    "INT32_MAX",
+    "INT64_MAX",
     "MODEL_SCHEMAS",
     "OPTIM_SCHEMAS",
     "RESUME_SAFE_KEYS",
+    "SLURM_U16_MAX",
+    "STOP_SIGNALS",
+    "YEAR_MIN",
+    "YEAR_S",
     "AdamWConfig",
     "CNNConfig",
     "ClusterConfig",
@@ -64,7 +70,25 @@ __all__ = [
 CONFIG_MODULE = "pkg://hpc_train.conf"
 """Where hpc_train's own YAML configs are: inside the package, so an installed wheel finds them from any folder."""
 
-_SIGNALS = {s.name.removeprefix("SIG") for s in _signal.Signals if s.name.startswith("SIG") and "_" not in s.name}
+STOP_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "QUIT", "XCPU")
+"""What ``cluster.signal`` may be: signals that sbatch's --signal knows by name and a rank can catch as a notice to
+checkpoint and stop. Slurm's other names are refused: KILL and STOP cannot be caught; TSTP, TTIN, TTOU and CONT
+stop or resume a process, URG comes with a socket's urgent data, ABRT reports a crash, and ALRM belongs to
+timers in user code, so treating any of them as a stop request would be wrong."""
+_UNCATCHABLE = ("KILL", "STOP")
+
+INT32_MAX = 2**31 - 1
+"""The largest C int: torch's ranks and world size, thread and process counts, Slurm's 32-bit counts."""
+INT64_MAX = 2**63 - 1
+"""The largest int64: step and sample counts (torch tensors and checkpoints hold them as int64)."""
+SLURM_U16_MAX = 0xFFFD
+"""Slurm keeps CPUs per task and tasks per node in 16 bits, with 0xFFFE and 0xFFFF as its own markers."""
+YEAR_S = 365 * 24 * 3600
+"""The longest timeout in seconds (365 days): well inside what timedelta, threading and faulthandler take."""
+YEAR_MIN = YEAR_S // 60
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a hyper-parameter beyond it (a learning rate, a weight decay) turns float32 tensors to inf."""
+_F32 = "the largest float32"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -121,6 +145,26 @@ class _Checked:
             value = getattr(self, key)
             raise ConfigError(f"{self._group}.{key}={value!r} is invalid: {rule}. HINT: {hint}")
 
+    def _bounded(
+        self, key: str, low: float, high: float, example: object, *, above: bool = False, why: str = ""
+    ) -> None:
+        """``<group>.<key>`` is a finite number from ``low`` (more than ``low`` when ``above``) to ``high``, so that
+        it fits where it goes (a seed into torch's generators, seconds into a timedelta, a count into a C int)
+        instead of failing on every rank after launch. Whole-number bounds word the rule for an integer key;
+        ``why`` says where ``high`` comes from; ``example`` is the value the hint suggests."""
+        value = getattr(self, key)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        finite = number and (isinstance(value, int) or math.isfinite(value))  # (an int may be too big for a float)
+        if finite and (value > low if above else value >= low) and value <= high:
+            return
+        note = f" ({why})" if why else ""
+        if isinstance(low, int) and isinstance(high, int):
+            rule = f"must be a whole number from {low} to {high}{note}"
+        else:
+            rule = f"must be a finite number {'above' if above else 'from'} {_plain(low)} "
+            rule += f"{'and at most' if above else 'to'} {_plain(high)}{note}"
+        self._require(False, key, rule, f"e.g. {self._group}.{key}={example}")
+
     def _one_of(self, key: str, choices: tuple[str, ...]) -> None:
         value = getattr(self, key)
         close = difflib.get_close_matches(str(value), choices, n=1)
@@ -131,6 +175,11 @@ class _Checked:
             f"must be one of {', '.join(choices)}",
             f"{hint}e.g. {self._group}.{key}={choices[0]}",
         )
+
+
+def _plain(number: float) -> str:
+    """A bound as people write it: 31536000, not 3.1536e+07; 0.5 stays 0.5."""
+    return str(int(number)) if float(number).is_integer() and abs(number) < 1e15 else f"{number:g}"
 
 
 LAUNCHERS = ("local", "debug", "slurm")
@@ -238,7 +287,8 @@ class ClusterConfig(_Checked):
     gpus_per_node: int = 0
     """GPUs per node; 0 runs on CPU with gloo."""
     cpus_per_task: int = 1
-    """CPU cores per rank; also the number of torch threads each rank uses."""
+    """CPU cores per rank; also the number of torch threads each rank uses. A local or debug run may ask for at
+    most the cores this machine lets it use (checked before launch)."""
     timeout_min: float = 60.0
     """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
     failure_grace_s: float = 15.0
@@ -285,7 +335,8 @@ class ClusterConfig(_Checked):
     srun_wait_s: int = 60
     """srun --wait: after the first task ends, the others get this long before srun kills them."""
     signal: str = "USR2"
-    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1)."""
+    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
+    which every rank catches as its notice to checkpoint and stop."""
     signal_lead_s: int = 90
     """How long before the time limit the signal comes."""
     array_parallelism: int = 0
@@ -313,17 +364,22 @@ class ClusterConfig(_Checked):
         self._refuse_control_characters()
         self._one_of("launcher", LAUNCHERS)
         # Before tasks_per_node is derived from it: a bad value is reported under the key the user typed.
-        self._require(
-            self.gpus_per_node >= 0, "gpus_per_node", "must be 0 or more", "set cluster.gpus_per_node=0 for CPU"
-        )
+        self._bounded("gpus_per_node", 0, 128, "0 for CPU", why="torch's device index is 8 bits")
         if self.tasks_per_node == 0:
             self.tasks_per_node = self.gpus_per_node or 1
-        for key in ("nodes", "tasks_per_node", "cpus_per_task"):
-            self._require(getattr(self, key) >= 1, key, "must be at least 1", f"set cluster.{key}=1 or more")
-        self._require(self.timeout_min > 0, "timeout_min", "must be positive", "e.g. cluster.timeout_min=60")
+        self._bounded("nodes", 1, INT32_MAX, 1, why="2**31-1: torch numbers ranks with a C int")
+        for key in ("tasks_per_node", "cpus_per_task"):
+            self._bounded(key, 1, SLURM_U16_MAX, 1, why="Slurm keeps it in 16 bits")
         self._require(
-            self.failure_grace_s >= 0, "failure_grace_s", "must be 0 or more", "e.g. cluster.failure_grace_s=15"
+            self.world_size <= INT32_MAX,
+            "nodes",
+            f"{self.nodes} nodes x {self.tasks_per_node} tasks per node is more ranks than torch can number "
+            f"(at most 2**31-1)",
+            "use fewer nodes or tasks per node",
         )
+        self._bounded("timeout_min", 0.0, YEAR_MIN, 60, above=True, why="365 days")
+        self._bounded("failure_grace_s", 0.0, YEAR_S, 15, why="365 days")
+        self._check_signal()
         if self.gpus_per_node:  # on every launcher: the local one gives its ranks gpus_per_node GPUs too
             self._require(
                 self.tasks_per_node <= self.gpus_per_node,
@@ -367,29 +423,24 @@ class ClusterConfig(_Checked):
             "must be a size such as 500M, 64G or 0 (all of the node's memory)",
             "e.g. cluster.mem=64G",
         )
+        self._bounded("signal_lead_s", 0, 0xFFFF, 90, why="sbatch --signal takes at most 65535 seconds")
         self._require(
-            self.signal.upper().removeprefix("SIG") in _SIGNALS,
-            "signal",
-            f"must be a signal name such as {', '.join(sorted(_SIGNALS))}",
-            "e.g. cluster.signal=USR2",
-        )
-        lead_ok = 0 <= self.signal_lead_s < self.timeout_min * 60
-        self._require(
-            lead_ok,
+            self.signal_lead_s < self.timeout_min * 60,
             "signal_lead_s",
-            "must be at least 0 and shorter than the time limit",
+            f"must be shorter than the time limit (cluster.timeout_min={self.timeout_min:g})",
             "e.g. cluster.signal_lead_s=90",
         )
-        for key in (
-            "srun_wait_s",
-            "array_parallelism",
-            "max_restarts",
-            "max_stalled_restarts",
+        self._bounded("srun_wait_s", 0, YEAR_S, 60, why="365 days")
+        for key in ("array_parallelism", "spare_nodes"):
+            self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
+        self._require(
+            self.allocated_nodes <= INT32_MAX,
             "spare_nodes",
-            "max_failures",
-            "max_stalled_failures",
-        ):
-            self._require(getattr(self, key) >= 0, key, "must be 0 or more", f"e.g. cluster.{key}=0")
+            f"cluster.nodes={self.nodes} plus {self.spare_nodes} spare nodes is more than Slurm can count (2**31-1)",
+            "use fewer spare nodes, e.g. cluster.spare_nodes=1",
+        )
+        for key in ("max_restarts", "max_stalled_restarts", "max_failures", "max_stalled_failures"):
+            self._bounded(key, 0, INT64_MAX, 0, why="2**63-1")
         for flag in self.sbatch_args:
             managed = MANAGED_SBATCH_FLAGS.get(flag)
             self._require(managed is None, "sbatch_args", f"--{flag} is set by hpc_train", f"use {managed} instead")
@@ -420,6 +471,20 @@ class ClusterConfig(_Checked):
             else:
                 problem = "it is empty"
             self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+
+    def _check_signal(self) -> None:
+        """cluster.signal is one every rank catches as its notice to checkpoint and stop (on every launcher: the
+        ranks install a handler for it, and a signal that cannot have one would fail each of them)."""
+        name = self.signal.upper().removeprefix("SIG")
+        if name in STOP_SIGNALS:
+            return
+        close = difflib.get_close_matches(name, STOP_SIGNALS, n=1)
+        if name in _UNCATCHABLE:
+            rule = f"SIG{name} cannot be caught, so no rank could checkpoint before it ends them"
+        else:
+            rule = f"must be a signal the ranks can catch as a stop notice: one of {', '.join(STOP_SIGNALS)}"
+        hint = f"did you mean {close[0]}? " if close and name not in _UNCATCHABLE else ""
+        self._require(False, "signal", rule, f"{hint}use cluster.signal=USR2 (or USR1, TERM)")
 
     def _check_hostlist(self, key: str) -> None:
         from hpc_train.core.hostlist import expand_hostlist
@@ -494,18 +559,19 @@ class DataConfig(_Checked):
     def __post_init__(self) -> None:
         self._one_of("name", ("synthetic",))
         _check_target(self, "dataset")
-        self._require(self.prefetch_factor >= 1, "prefetch_factor", "must be at least 1", "e.g. data.prefetch_factor=2")
-        self._require(self.num_samples >= 2, "num_samples", "must be at least 2", "e.g. data.num_samples=32768")
+        self._bounded("prefetch_factor", 1, INT32_MAX, 2, why="2**31-1")
+        self._bounded("num_samples", 2, INT64_MAX, 32768, why="2**63-1")
         self._require(
-            len(self.input_shape) >= 1 and all(int(d) >= 1 for d in self.input_shape),
+            len(self.input_shape) >= 1 and all(1 <= int(d) <= INT64_MAX for d in self.input_shape),
             "input_shape",
-            "must be a non-empty list of positive sizes",
+            "must be a non-empty list of positive sizes (at most 2**63-1)",
             "e.g. data.input_shape=[784] or data.input_shape=[3,32,32]",
         )
-        self._require(self.num_classes >= 2, "num_classes", "must be at least 2", "e.g. data.num_classes=10")
+        self._bounded("num_classes", 2, INT64_MAX, 10, why="2**63-1")
+        self._bounded("seed", 0, INT64_MAX, 0, why="2**63-1: torch seeds a generator with it")
         self._require(0 <= self.val_fraction < 1, "val_fraction", "must be in [0, 1)", "e.g. data.val_fraction=0.1")
-        self._require(self.class_separation > 0, "class_separation", "must be positive", "e.g. data.class_separation=3")
-        self._require(self.num_workers >= 0, "num_workers", "must be 0 or more", "e.g. data.num_workers=0")
+        self._bounded("class_separation", 0.0, FLOAT32_MAX, 3, above=True, why=_F32)
+        self._bounded("num_workers", 0, INT32_MAX, 0, why="2**31-1")
 
     @property
     def num_val(self) -> int:
@@ -553,13 +619,11 @@ class ScheduleConfig(_Checked):
 
     def __post_init__(self) -> None:
         self._one_of("name", SCHEDULES)
-        self._require(
-            self.warmup_steps >= 0, "warmup_steps", "must be 0 or more", "e.g. trainer.schedule.warmup_steps=100"
-        )
+        self._bounded("warmup_steps", 0, INT64_MAX, 100, why="2**63-1")
         self._require(
             0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]", "e.g. trainer.schedule.min_lr_ratio=0.1"
         )
-        self._require(self.step_every >= 1, "step_every", "must be at least 1", "e.g. trainer.schedule.step_every=1000")
+        self._bounded("step_every", 1, INT64_MAX, 1000, why="2**63-1")
         self._require(0 < self.gamma <= 1, "gamma", "must be in (0, 1]", "e.g. trainer.schedule.gamma=0.1")
 
 
@@ -579,14 +643,10 @@ class EarlyStoppingConfig(_Checked):
     """An improvement smaller than this does not count."""
 
     def __post_init__(self) -> None:
-        self._require(
-            self.patience >= 0, "patience", "must be 0 (off) or more", "e.g. trainer.early_stopping.patience=3"
-        )
+        self._bounded("patience", 0, INT64_MAX, 3, why="2**63-1; 0 is off")
         self._one_of("monitor", ("val_loss", "val_acc", "val_metric"))
         self._one_of("mode", ("auto", "min", "max"))
-        self._require(
-            self.min_delta >= 0, "min_delta", "must be 0 or more", "e.g. trainer.early_stopping.min_delta=1e-3"
-        )
+        self._bounded("min_delta", 0.0, FLOAT32_MAX, "1e-3", why=_F32)
 
     @property
     def direction(self) -> str:
@@ -616,7 +676,8 @@ class DDPConfig(_Checked):
     """Size of the gradient buckets all-reduced together."""
 
     def __post_init__(self) -> None:
-        self._require(self.bucket_cap_mb > 0, "bucket_cap_mb", "must be positive", "e.g. trainer.ddp.bucket_cap_mb=25")
+        # DDP turns it into a whole number of bytes (a C++ size): a bucket beyond 1 TiB is one bucket anyway.
+        self._bounded("bucket_cap_mb", 0.0, 1024.0 * 1024, 25, above=True, why="1 TiB")
 
 
 @dataclass
@@ -651,8 +712,16 @@ class TrainerConfig(_Checked):
     """Validate at the end of every N epochs (0: off). A final validation always runs."""
     checkpoint_every_n_steps: int = 0
     """Save a checkpoint every N steps (0: off)."""
+    checkpoint_every_min: float = 10.0
+    """Save a checkpoint once this many minutes have passed since the last one (0: off), so that a crash, a lost
+    node or a hang costs at most this much training. When a save takes more than 1% of the interval, the
+    interval grows to 100 saves' time, and rank 0's log says so."""
     keep_checkpoints: int = 2
-    """How many periodic checkpoints to keep."""
+    """How many checkpoints to keep (the newest verified one is never deleted)."""
+    divergence_steps: int = 1
+    """Training has diverged after this many optimizer steps in a row with a non-finite loss or gradient norm on
+    any rank: the run ends as ``diverged`` (fatal: no retry, no requeue) and keeps its last finite checkpoint
+    (0: never stop for it). Steps that fp16's grad scaler skips do not count."""
     dist_timeout_s: float = 300.0
     """Timeout of the rendezvous and of every collective: a lost rank fails the job after this."""
     preflight_timeout_s: float = 120.0
@@ -703,56 +772,39 @@ class TrainerConfig(_Checked):
         return 0 if self.max_steps else self.DEFAULT_EPOCHS
 
     def __post_init__(self) -> None:
-        for key in ("max_epochs", "max_steps"):
-            self._require((getattr(self, key) or 0) >= 0, key, "must be 0 (no limit) or more", f"e.g. trainer.{key}=0")
+        if self.max_epochs is not None:
+            self._bounded("max_epochs", 0, INT64_MAX, 3, why="2**63-1; 0 is no limit")
+        self._bounded("max_steps", 0, INT64_MAX, 1000, why="2**63-1; 0 is no limit")
         self._require(
             self.epoch_limit > 0 or self.max_steps > 0,
             "max_steps",
             "max_steps and max_epochs are both 0, so training would never end",
             "set trainer.max_epochs=3 or trainer.max_steps=1000",
         )
-        self._require(self.batch_size >= 1, "batch_size", "must be at least 1", "e.g. trainer.batch_size=64")
-        self._require(math.isfinite(self.lr) and self.lr > 0, "lr", "must be a positive number", "e.g. trainer.lr=1e-3")
+        self._bounded("batch_size", 1, INT64_MAX, 64, why="2**63-1")
+        self._bounded("lr", 0.0, FLOAT32_MAX, "1e-3", above=True, why=_F32)
         self._one_of("lr_scaling", LR_SCALING)
-        self._require(
-            self.lr_reference_batch_size >= 1,
-            "lr_reference_batch_size",
-            "must be at least 1",
-            "set it to the global batch size the base LR was tuned for",
-        )
+        self._bounded("lr_reference_batch_size", 1, INT64_MAX, "128 (the global batch the base LR was tuned for)")
+        # torch.manual_seed takes up to 2**64-1 and gets seed + rank; nothing seeds numpy or random with it.
+        self._bounded("seed", 0, INT64_MAX, 0, why="2**63-1: torch seeds its generators with seed + rank")
         self._one_of("device", DEVICES)
-        self._require(
-            self.log_every_n_steps >= 1, "log_every_n_steps", "must be at least 1", "e.g. trainer.log_every_n_steps=20"
-        )
+        self._bounded("log_every_n_steps", 1, INT64_MAX, 20, why="2**63-1")
         for key in ("val_every_n_steps", "val_every_n_epochs", "checkpoint_every_n_steps"):
-            self._require(getattr(self, key) >= 0, key, "must be 0 (off) or more", f"e.g. trainer.{key}=0")
-        self._require(
-            self.keep_checkpoints >= 1, "keep_checkpoints", "must be at least 1", "e.g. trainer.keep_checkpoints=2"
-        )
-        self._require(self.dist_timeout_s > 0, "dist_timeout_s", "must be positive", "e.g. trainer.dist_timeout_s=300")
-        self._require(
-            self.preflight_timeout_s > 0,
-            "preflight_timeout_s",
-            "must be positive",
-            "e.g. trainer.preflight_timeout_s=120",
-        )
-        self._require(self.watchdog_s >= 0, "watchdog_s", "must be 0 (off) or more", "e.g. trainer.watchdog_s=900")
+            self._bounded(key, 0, INT64_MAX, 0, why="2**63-1; 0 is off")
+        self._bounded("divergence_steps", 0, INT64_MAX, 1, why="2**63-1; 0 is off")
+        self._bounded("keep_checkpoints", 1, INT64_MAX, 2, why="2**63-1")
+        self._bounded("checkpoint_every_min", 0.0, YEAR_MIN, 10, why="365 days; 0 is off")
+        # Seconds go into timedelta, threading and faulthandler, which refuse inf and overflow far beyond a year.
+        self._bounded("dist_timeout_s", 0.0, YEAR_S, 300, above=True, why="365 days")
+        self._bounded("preflight_timeout_s", 0.0, YEAR_S, 120, above=True, why="365 days")
+        self._bounded("watchdog_s", 0.0, YEAR_S, 900, why="365 days; 0 is off")
         self._one_of("precision", PRECISIONS)
-        self._require(
-            self.grad_clip_norm >= 0, "grad_clip_norm", "must be 0 (off) or more", "e.g. trainer.grad_clip_norm=1.0"
-        )
-        self._require(
-            self.accumulate_grad_batches >= 1,
-            "accumulate_grad_batches",
-            "must be at least 1",
-            "e.g. trainer.accumulate_grad_batches=4",
-        )
+        self._bounded("grad_clip_norm", 0.0, FLOAT32_MAX, "1.0 (0 is off)", why=_F32)
+        self._bounded("accumulate_grad_batches", 1, INT64_MAX, 4, why="2**63-1")
         self._one_of("strategy", STRATEGIES)
         _check_target(self, "loss")
         _check_target(self, "metric")
-        self._require(
-            self.profile_steps >= 0, "profile_steps", "must be 0 (off) or more", "e.g. trainer.profile_steps=5"
-        )
+        self._bounded("profile_steps", 0, INT64_MAX, 5, why="2**63-1; 0 is off")
         if self.early_stopping.monitor == "val_metric":
             self._require(
                 self.metric is not None,
@@ -776,9 +828,9 @@ class MLPConfig(_Checked):
 
     def __post_init__(self) -> None:
         self._require(
-            all(h >= 1 for h in self.hidden_sizes),
+            all(1 <= h <= INT64_MAX for h in self.hidden_sizes),
             "hidden_sizes",
-            "sizes must be positive",
+            "sizes must be positive (at most 2**63-1)",
             "e.g. model.hidden_sizes=[1024,1024]",
         )
         self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)", "e.g. model.dropout=0.1")
@@ -800,12 +852,12 @@ class CNNConfig(_Checked):
 
     def __post_init__(self) -> None:
         self._require(
-            len(self.channels) >= 1 and all(c >= 1 for c in self.channels),
+            len(self.channels) >= 1 and all(1 <= c <= INT64_MAX for c in self.channels),
             "channels",
-            "must be a non-empty list of positive sizes",
+            "must be a non-empty list of positive sizes (at most 2**63-1)",
             "e.g. model.channels=[32,64]",
         )
-        self._require(self.hidden_size >= 1, "hidden_size", "must be at least 1", "e.g. model.hidden_size=128")
+        self._bounded("hidden_size", 1, INT64_MAX, 128, why="2**63-1")
         self._require(0 <= self.dropout < 1, "dropout", "must be in [0, 1)", "e.g. model.dropout=0.1")
 
 
@@ -829,7 +881,7 @@ class TransformerConfig(_Checked):
 
     def __post_init__(self) -> None:
         for key in ("d_model", "nhead", "num_layers", "dim_feedforward"):
-            self._require(getattr(self, key) >= 1, key, "must be at least 1", f"e.g. model.{key}=2")
+            self._bounded(key, 1, INT64_MAX, 2, why="2**63-1")
         self._require(
             self.d_model % self.nhead == 0,
             "nhead",
@@ -921,8 +973,8 @@ class AdamWConfig(_Checked):
             "must be two numbers in [0, 1)",
             "e.g. optim.betas=[0.9,0.999]",
         )
-        self._require(self.eps > 0, "eps", "must be positive", "e.g. optim.eps=1e-8")
-        self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0.01")
+        self._bounded("eps", 0.0, FLOAT32_MAX, "1e-8", above=True, why=_F32)
+        self._bounded("weight_decay", 0.0, FLOAT32_MAX, 0.01, why=_F32)
 
 
 @dataclass
@@ -944,7 +996,7 @@ class SGDConfig(_Checked):
             "Nesterov momentum needs optim.momentum > 0",
             "set optim.momentum=0.9 or optim.nesterov=false",
         )
-        self._require(self.weight_decay >= 0, "weight_decay", "must be 0 or more", "e.g. optim.weight_decay=0")
+        self._bounded("weight_decay", 0.0, FLOAT32_MAX, 0, why=_F32)
 
 
 RESUME_SAFE_KEYS = (
@@ -954,7 +1006,9 @@ RESUME_SAFE_KEYS = (
     "trainer.val_every_n_steps",
     "trainer.val_every_n_epochs",
     "trainer.checkpoint_every_n_steps",
+    "trainer.checkpoint_every_min",
     "trainer.keep_checkpoints",
+    "trainer.divergence_steps",
     "trainer.dist_timeout_s",
     "trainer.preflight_timeout_s",
     "trainer.watchdog_s",
@@ -1106,6 +1160,8 @@ def config_from_dict(data: Mapping[str, Any] | DictConfig) -> Config:
         typed = OmegaConf.merge(OmegaConf.structured(Config), node)
         typed.model = _typed_option(node.get("model"), "model", MODEL_SCHEMAS)
         typed.optim = _typed_option(node.get("optim"), "optim", OPTIM_SCHEMAS)
+        if isinstance(typed, DictConfig):
+            _refuse_added_keys(typed)
         config = OmegaConf.to_object(typed)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
@@ -1119,17 +1175,42 @@ def _omegaconf_message(exc: Exception) -> str:
     text = str(exc).splitlines()[0]
     parent = getattr(exc, "object_type", None)
     if "not in" in text and parent is not None and hasattr(parent, "__dataclass_fields__"):
-        valid = sorted(f.name for f in fields(parent))
-        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        return f"unknown config key {key!r}. HINT: {hint}valid keys here: {', '.join(valid)}."
+        return _unknown_key_message(key, parent)
     return f"{key}: {text}" if key else text
+
+
+def _unknown_key_message(key: str, schema: type[Any]) -> str:
+    valid = sorted(f.name for f in fields(schema))
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown config key {key!r}. HINT: {hint}valid keys here: {', '.join(valid)}."
+
+
+def _refuse_added_keys(node: DictConfig, prefix: str = "") -> None:
+    """No typed node holds a key its schema lacks. Hydra's ``+trainer.typo=1`` adds one to a structured node,
+    and merging and ``to_object`` would carry it along unread; a plain mapping's keys (your ``_target_``'s
+    arguments, cluster.sbatch_args) are yours to choose."""
+    schema: Any = OmegaConf.get_type(node)
+    names = {f.name for f in fields(schema)} if is_dataclass(schema) else None
+    for key in map(str, node):
+        where = f"{prefix}{key}"
+        if names is not None and key not in names:
+            raise ConfigError(_unknown_key_message(where, schema))
+        if not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
+            _refuse_added_keys(node[key], f"{where}.")
+
+
+_TYPED_GROUPS: dict[str, type[Any]] = {
+    "cluster": ClusterConfig,
+    "data": DataConfig,
+    "trainer": TrainerConfig,
+    "script": ScriptConfig,
+}
 
 
 def _group_keys() -> dict[str, set[str]]:
     """Valid keys per top-level group; model/optim accept the fields of any of their options."""
-    typed = {"cluster": ClusterConfig, "data": DataConfig, "trainer": TrainerConfig, "script": ScriptConfig}
-    keys = {group: {f.name for f in fields(schema)} for group, schema in typed.items()}
+    keys = {group: {f.name for f in fields(schema)} for group, schema in _TYPED_GROUPS.items()}
     keys["model"] = {f.name for schema in MODEL_SCHEMAS.values() for f in fields(schema)}
     keys["optim"] = {f.name for schema in OPTIM_SCHEMAS.values() for f in fields(schema)}
     return keys
@@ -1201,7 +1282,7 @@ def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> N
                 f"{key}={value}: {key} is a config group of yours, not one that hpc_train's defaults pick. "
                 f"HINT: add it with a plus: +{key}={value}"
             )
-    check_override_keys(keys, chosen_option_keys(argv, config_dirs or []))
+    check_override_keys(keys, chosen_option_keys(argv, config_dirs or []), added=_added_keys(argv))
 
 
 _OPTION_GROUPS = {"model": MODEL_SCHEMAS, "optim": OPTIM_SCHEMAS}
@@ -1267,23 +1348,61 @@ def override_keys(argv: list[str]) -> list[str]:
     return [o.key_or_group for o in overrides]
 
 
-def check_override_keys(keys: list[str], chosen: Mapping[str, Mapping[str, set[str] | None]] | None = None) -> None:
+def _added_keys(argv: list[str]) -> list[str]:
+    """The dotted keys that ``+key=value`` / ``++key=value`` overrides add under hpc_train's own groups
+    (``+trainer.typo=1``); a ``+group=option`` (``+experiment=quick``) picks a config group and is Hydra's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    candidates = [a for a in argv if "=" in a and a.startswith("+")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except HydraException:
+        return []  # Hydra reports the syntax error itself
+    keys = [o.key_or_group for o in overrides]
+    return [k for k in keys if "." in k and k.split(".", 1)[0] in _TYPED_GROUPS.keys() | _OPTION_GROUPS.keys()]
+
+
+def _nested_unknown(group: str, path: list[str]) -> tuple[str, type[Any]] | None:
+    """For ``trainer.ddp.typo`` (group trainer, path [ddp, typo]): (``trainer.ddp``, DDPConfig), the typed node
+    that lacks the key; None when every part is known or leads into a node whose keys are the user's."""
+    schema: Any = _TYPED_GROUPS.get(group)
+    where = group
+    for name in path:
+        if schema is None:
+            return None
+        if name not in {f.name for f in fields(schema)}:
+            return where, schema
+        kind = get_type_hints(schema).get(name)
+        schema = kind if isinstance(kind, type) and is_dataclass(kind) else None
+        where = f"{where}.{name}"
+    return None
+
+
+def check_override_keys(
+    keys: list[str], chosen: Mapping[str, Mapping[str, set[str] | None]] | None = None, added: Sequence[str] = ()
+) -> None:
     """Reject command-line keys the schema does not know, naming the closest valid key and listing all.
     ``chosen`` (from ``chosen_option_keys``): the model/optim options picked and their keys; their keys are
-    valid too, and an unknown key lists them.
+    valid too, and an unknown key lists them. ``added``: the keys of ``+key=value`` overrides, refused alike
+    (Hydra would add them to the schema's node, where nothing reads them), except a new argument of a
+    ``_target_`` (``+model.bias=false``).
 
     Hydra's own message for a typo suggests adding it with ``+key=value``, which only moves the error.
     """
     groups = _group_keys()
-    custom_model = "model._target_" in keys  # your own model takes whatever arguments it declares
+    # your own model takes whatever arguments it declares
+    custom_model = "model._target_" in keys or "model._target_" in added
     open_groups = {g for g, options in (chosen or {}).items() if any(k is None for k in options.values())}
     for group, options in (chosen or {}).items():
         if group not in open_groups and options:
             groups[group] = set().union(*(k for k in options.values() if k is not None))
-    for key in keys:
+    for key in [*keys, *added]:
         group, _, rest = key.partition(".")
         if group == "hydra" or (group == "model" and custom_model) or group in open_groups:
             continue
+        if key in added and "_target_" in groups.get(group, ()):
+            continue  # a new argument of your _target_ is added with a plus
         if group not in groups:
             close = difflib.get_close_matches(group, sorted(groups), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -1301,6 +1420,13 @@ def check_override_keys(keys: list[str], chosen: Mapping[str, Mapping[str, set[s
             raise ConfigError(
                 f"unknown config key {key!r}. HINT: {hint}valid keys in {where}: {', '.join(valid)}.{more}"
             )
+        nested = _nested_unknown(group, rest.split(".")) if rest else None
+        if nested is not None:
+            node, schema = nested
+            valid = sorted(f.name for f in fields(schema))
+            close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+            hint = f"did you mean {node}.{close[0]}? " if close else ""
+            raise ConfigError(f"unknown config key {key!r}. HINT: {hint}valid keys in {node}: {', '.join(valid)}.")
 
 
 def load_config(path: str | Path) -> Config:

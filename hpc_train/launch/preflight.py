@@ -2,7 +2,9 @@
 
 Config validation is pure (config in, errors out). These look at the machine and the user's code: whether the
 GPUs a local run asks for are here, and whether each ``_target_`` accepts the keys configured for it. Either
-mistake would otherwise surface on every rank, as a traceback, after start-up.
+mistake would otherwise surface on every rank, as a traceback, after start-up. Checks that depend on this
+machine (its GPUs, its CPU cores) live here, not in the config's own validation: a config is also read on the
+compute nodes and by ``jobs status``, where this machine is not the one that matters.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from hpc_train.config import Config
 from hpc_train.core.errors import ConfigError
 
-__all__ = ["check_devices", "check_init_from", "check_targets", "preflight"]
+__all__ = ["check_cpus", "check_devices", "check_init_from", "check_targets", "preflight", "usable_cores"]
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
@@ -27,6 +29,7 @@ _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 def preflight(cfg: Config) -> None:
     """Every pre-launch check; ConfigError naming the key, the value and the fix."""
     check_devices(cfg)
+    check_cpus(cfg)
     check_targets(cfg)
     check_init_from(cfg)
 
@@ -64,6 +67,29 @@ def check_devices(cfg: Config, cuda_count: Callable[[], int] | None = None) -> N
         f"{key}={value} asks for {wants} GPU(s), but torch sees {have} on this machine "
         f"(cluster.launcher={cfg.cluster.launcher} runs here). HINT: set cluster.gpus_per_node=0 "
         "trainer.device=auto to train on the CPU, or run on GPU nodes with cluster=slurm."
+    )
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: what taskset, cgroups or an allocation allow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_cpus(cfg: Config, cores: int | None = None) -> None:
+    """A local or debug run trains on this machine: each rank starts cluster.cpus_per_task torch threads (and
+    a script gets it as OMP_NUM_THREADS), so one rank may not ask for more cores than this machine gives it."""
+    if cfg.cluster.launcher == "slurm":
+        return  # Slurm's nodes are checked against the partition's CPUs (launch/facts.py)
+    have = usable_cores() if cores is None else cores
+    wants = cfg.cluster.cpus_per_task
+    if wants <= have:
+        return
+    raise ConfigError(
+        f"cluster.cpus_per_task={wants} asks for {wants} CPU cores per rank, but this machine has {have} usable "
+        f"core(s) (cluster.launcher={cfg.cluster.launcher} runs the ranks here, each with cluster.cpus_per_task "
+        f"threads). HINT: set cluster.cpus_per_task={have} or less, or train on Slurm nodes with cluster=slurm."
     )
 
 
