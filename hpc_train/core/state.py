@@ -8,6 +8,7 @@ failed, and which died without a word" is decided in one place.
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import signal
 import socket
@@ -15,23 +16,28 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
+    "RANK_COMMANDS",
     "RankFailure",
     "RankState",
     "all_ranks",
+    "check_status",
     "child_pids",
     "is_live",
     "never_started",
     "pid_alive",
+    "process_command",
     "process_start",
     "rank_failures",
     "rank_process_alive",
     "signal_live_ranks",
+    "unverified_rank_process",
 ]
 
 Statuses = Mapping[int, Mapping[str, Any]]
+log = logging.getLogger(__name__)
 
 
 class RankState(str, enum.Enum):
@@ -88,13 +94,27 @@ class RankFailure:
         return f"rank {self.rank} on {self.host} {verb}{self.summary}"
 
 
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _time(status: Mapping[str, Any]) -> float:
+    """When the rank wrote its status (0 when that is not recorded as a number)."""
+    value = status.get("time")
+    return value if _number(value) else 0
+
+
 def rank_failures(
     statuses: Statuses, gone: Callable[[Mapping[str, Any]], bool], detail: Callable[[int], str] = lambda rank: ""
 ) -> list[RankFailure]:
     """The ranks that failed: first those still marked live that ``gone`` says are not (they died without a
     word, so they are the likely cause), then those that reported a failure, in the order they did."""
     found = []
-    for rank, status in sorted(statuses.items(), key=lambda kv: kv[1].get("time", 0)):
+    for rank, status in sorted(statuses.items(), key=lambda kv: _time(kv[1])):
         state, host = _state(status), str(status.get("host", "?"))
         if state is RankState.FAILED:
             error = str(status.get("error", "?"))
@@ -141,17 +161,69 @@ def process_start(pid: int) -> int | None:
     return int(fields[19]) if fields is not None else None
 
 
+RANK_COMMANDS = ("hpc_train", "hpc-train", "submitit.core._submit")
+"""What the command line of a process that writes rank statuses holds: ``python -m hpc_train.worker`` (Slurm,
+sbatch scripts, by hand), ``python -u -m submitit.core._submit RUN_DIR/submitit`` (cluster=local), or the
+launcher itself (cluster=debug runs the rank in ``python -m hpc_train`` / ``hpc-train``). Checked only for a
+status without ``pid_start`` (run dirs written before it was recorded)."""
+
+
+def process_command(pid: int) -> str | None:
+    """The command line of ``pid`` with its arguments joined by spaces; None when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _recorded_pid(status: Mapping[str, Any]) -> int | None:
+    pid = status.get("pid")
+    return pid if _integer(pid) and pid > 0 else None
+
+
+def unverified_rank_process(status: Mapping[str, Any]) -> str | None:
+    """Why the process that now holds the pid in ``status`` cannot be taken for the rank that wrote it; None
+    when it is that rank. A pid is reused once its process has exited, so a stale status may name an unrelated
+    process: it is the rank only when its start time is the recorded ``pid_start`` or, for a status that
+    records none (older run dirs), when its command line is a rank's (``RANK_COMMANDS``)."""
+    host, here = status.get("host"), socket.gethostname()
+    if host != here:
+        return f"it ran on host {host!r}, not on this one ({here}): its pid cannot be checked from here"
+    pid = _recorded_pid(status)
+    if pid is None:
+        return f"its pid {status.get('pid')!r} is not a process id"
+    if not pid_alive(pid):
+        return f"process {pid} no longer runs"
+    recorded = status.get("pid_start")
+    if recorded is not None:
+        if not _integer(recorded):
+            return f"its pid_start {recorded!r} is not a number of clock ticks, so process {pid} cannot be verified"
+        started = process_start(pid)
+        if started != recorded:
+            return (
+                f"process {pid} started at {started} clock ticks after boot, the rank at {recorded}: the pid now "
+                "belongs to another process"
+            )
+        return None
+    command = process_command(pid)
+    if command is None:
+        return f"the status records no pid_start and the command line of process {pid} cannot be read"
+    if not any(marker in command for marker in RANK_COMMANDS):
+        return (
+            f"the status records no pid_start (an older run dir) and process {pid} runs {command[:120]!r}, no "
+            "hpc_train rank: the pid now belongs to another process"
+        )
+    return None
+
+
 def rank_process_alive(status: Mapping[str, Any]) -> bool | None:
     """Whether the process that wrote ``status`` still runs; None when it ran on another host, where its pid
-    cannot be checked from here. A process that now holds the pid but started at another time (``pid_start``,
-    which ``RunDir.write_status`` records) is another process: the rank is gone."""
+    cannot be checked from here. A process that now holds the pid but is another one (``unverified_rank_process``:
+    it started at another time than ``pid_start``, which ``RunDir.write_status`` records) means the rank is gone."""
     if status.get("host") != socket.gethostname():
         return None
-    pid = int(status.get("pid") or 0)
-    if not pid or not pid_alive(pid):
-        return False
-    started = status.get("pid_start")
-    return started is None or process_start(pid) == started
+    return unverified_rank_process(status) is None
 
 
 def is_live(status: Mapping[str, Any]) -> bool:
@@ -160,13 +232,67 @@ def is_live(status: Mapping[str, Any]) -> bool:
     return state is not None and state.live
 
 
-def signal_live_ranks(statuses: Statuses, signum: int = signal.SIGTERM) -> list[tuple[int, int]]:
-    """Send ``signum`` to every rank on this host still marked live whose process runs; returns (rank, pid)."""
+def signal_live_ranks(
+    statuses: Statuses, signum: int = signal.SIGTERM, refused: Callable[[int, str], object] | None = None
+) -> list[tuple[int, int]]:
+    """Send ``signum`` to every rank still marked live whose process runs on this host and is verified to be
+    the rank (``unverified_rank_process``); returns (rank, pid) of those signalled. A live rank that cannot be
+    verified (its pid now names another process, or it ran on another host) is left alone and handed to
+    ``refused`` with why (logged as a warning when ``refused`` is None); one whose process has exited is not."""
+    here = socket.gethostname()
     sent = []
     for rank, status in sorted(statuses.items()):
-        if is_live(status) and rank_process_alive(status):
-            pid = int(status["pid"])
-            with suppress(ProcessLookupError):
-                os.kill(pid, signum)
-                sent.append((rank, pid))
+        pid = _recorded_pid(status)
+        if not is_live(status) or (pid is not None and status.get("host") == here and not pid_alive(pid)):
+            continue  # ended, or its process has exited: nothing to stop
+        why = unverified_rank_process(status)
+        if why is not None:
+            (refused or _log_refusal)(rank, why)
+            continue
+        assert pid is not None  # a verified rank has a pid
+        with suppress(ProcessLookupError):
+            os.kill(pid, signum)
+            sent.append((rank, pid))
     return sent
+
+
+def _log_refusal(rank: int, why: str) -> None:
+    log.warning("rank %d not signalled: %s", rank, why)
+
+
+# ---- the record a rank writes -------------------------------------------------------------------------------
+
+_STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "host": (lambda v: isinstance(v, str), "a host name"),
+    "pid": (lambda v: _integer(v) and v > 0, "a process id"),
+    "pid_start": (_integer, "an integer (clock ticks since boot)"),
+    "time": (_number, "a time stamp (seconds since the epoch)"),
+    "step": (lambda v: v is None or _integer(v), "a step number"),
+    "failed_step": (_integer, "a step number"),
+    "attempt": (_integer, "an attempt number"),
+    "restart": (_integer, "an attempt number"),
+    "error": (lambda v: isinstance(v, str), "a string"),
+    "traceback": (lambda v: isinstance(v, str), "a string"),
+    "run": (lambda v: isinstance(v, str), "a run dir's path"),
+}
+"""The keys of a rank status that readers rely on, with what each must hold (others are carried as they are)."""
+
+
+def check_status(record: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """A rank status as read from its file, less what is damaged, and what that was: a record that is no JSON
+    object or names no rank is dropped (None); a key holding a value of the wrong type is left out of it."""
+    if not isinstance(record, dict):
+        return None, [f"holds a JSON {type(record).__name__}, not an object: ignored"]
+    rank = record.get("rank")
+    if not _integer(rank) or rank < 0:
+        return None, [f"rank={rank!r} is not a rank number: ignored"]
+    clean, problems = dict(record), []
+    state = record.get("state")
+    if state not in {s.value for s in RankState}:
+        problems.append(f"state={state!r} is none of {', '.join(s.value for s in RankState)}")
+        clean.pop("state", None)
+    for key, (valid, what) in _STATUS_FIELDS.items():
+        if key in record and not valid(record[key]):
+            problems.append(f"{key}={record[key]!r} is not {what}")
+            del clean[key]
+    return clean, problems

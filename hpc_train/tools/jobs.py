@@ -4,6 +4,7 @@
     python -m hpc_train.jobs logs    TARGET [--rank N] [--slurm] [--follow]
     python -m hpc_train.jobs cancel  TARGET...
     python -m hpc_train.jobs collect SWEEP_DIR          # one row per sweep element: state and final metrics
+    python -m hpc_train.jobs restore-config RUN_DIR     # a damaged or lost config.yaml, from the newest checkpoint
 
 TARGET is a run dir, a sweep dir (``multirun/...``) or a Slurm job id (``123`` or ``123_4``); job ids are
 looked up in the job.json files under ./outputs and ./multirun (or --search DIR).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import ConfigError
-from hpc_train.core.files import read_json
+from hpc_train.core.files import atomic_write, read_json
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
@@ -64,9 +66,14 @@ def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
         runs = _sweep_runs(path)
         if runs:
             return runs
-        raise TargetError(
-            f"{target}: neither a run dir (no {RunDir(path).config.name}) nor a sweep dir (no run dirs inside)"
-        )
+        rd = RunDir(path)
+        if rd.checkpoint_files() or rd.status_dir.is_dir():
+            raise TargetError(
+                f"{target}: a run dir without its {rd.config.name} (it has {rd.checkpoints.name}/ or "
+                f"{rd.status_dir.name}/). HINT: restore it from the newest checkpoint: "
+                f"python -m hpc_train.jobs restore-config {target}"
+            )
+        raise TargetError(f"{target}: neither a run dir (no {rd.config.name}) nor a sweep dir (no run dirs inside)")
     if JOB_ID.fullmatch(target):
         found = [
             RunDir(run)
@@ -85,7 +92,22 @@ def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
 def _world_size(run_dir: RunDir) -> int:
     from hpc_train.config import load_config
 
-    return load_config(run_dir.config).cluster.world_size
+    try:
+        return load_config(run_dir.config).cluster.world_size
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if str(run_dir.config) in message else f"{run_dir.config}: {message}") from None
+    except Exception as exc:  # noqa: BLE001 - YAML that does not parse, bytes that are no UTF-8, an unreadable file
+        raise ConfigError(
+            f"{run_dir.config} cannot be read ({_error(exc)}). HINT: "
+            f"restore it from the newest checkpoint: python -m hpc_train.jobs restore-config {run_dir.path}"
+        ) from None
+
+
+def _error(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _fmt(value: Any) -> str:
@@ -118,12 +140,29 @@ def _failure_tail(run_dir: RunDir, attempts: list[dict[str, Any]], lines: int = 
     return head + ("\n" + tail if tail else "")
 
 
+def _step(state: JobState) -> int:
+    """The furthest step a rank reported (0 before any; a status without a step number counts for none)."""
+    steps = [s["step"] for s in state.ranks.values() if isinstance(s.get("step"), int)]
+    return max(steps, default=0)
+
+
+DAMAGED_HINT = (
+    "HINT: the run writes these files itself, each at once (never half of one): a damaged one was truncated "
+    "(a full disk?) or written by something else. A rank's status is rewritten at its next report; move a file "
+    "that stays damaged away (it is left out of the state above)."
+)
+
+
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
-    rows, records, failures = [], [], []
+    rows, records, failures, damaged, unreadable = [], [], [], [], []
     for rd in runs:
-        state = _state(rd)
-        step = max((int(s.get("step", 0)) for s in state.ranks.values()), default=0)
-        attempts = rd.read_attempts()
+        try:
+            state = _state(rd)
+        except ConfigError as exc:  # a run dir whose config.yaml no longer loads: the others are still shown
+            unreadable.append(f"hpc_train.jobs: {exc}")
+            continue
+        step = _step(state)
+        attempts = state.attempts
         goodput = _goodput(rd, attempts)
         attempt = attempts[-1].get("attempt") if attempts else None
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
@@ -132,6 +171,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         tail = "" if state.ok else _failure_tail(rd, attempts)
         if tail:
             failures.append(tail)
+        damaged += state.damaged
         records.append(
             {
                 "run_dir": str(rd.path),
@@ -146,16 +186,24 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "detail": state.detail,
                 "squeue": state.squeue,
                 "sacct": state.sacct,
+                "damaged": state.damaged,
             }
         )
     if as_json:
         print(json.dumps(records, indent=1))
     else:
-        print(format_table(["run dir", "job", "state", "attempt", "step", "ETTR", "lost", "detail"], rows))
+        if rows:
+            print(format_table(["run dir", "job", "state", "attempt", "step", "ETTR", "lost", "detail"], rows))
         if failures:
             print("\nfailures (class, rank, host, traceback tail):")
             print("\n".join(failures))
-    return 0
+        if damaged:
+            print("\ndamaged records (left out of the state above):")
+            print("\n".join(f"  {line}" for line in damaged))
+            print(DAMAGED_HINT)
+    for line in unreadable:
+        print(line, file=sys.stderr)
+    return 2 if unreadable else 0
 
 
 def cmd_collect(runs: list[RunDir]) -> int:
@@ -196,26 +244,124 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
 
 def cmd_cancel(runs: list[RunDir]) -> int:
     ids: list[str] = []
+    code = 0
     for rd in runs:
         record = rd.read_job_record()
         if record.get("job_id"):
             job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])
             if job not in ids:
                 ids.append(job)
-        else:
-            _cancel_local(rd)
+        elif not _cancel_local(rd):
+            code = 1
     if ids:
         proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode != 0:
             print(f"scancel failed: {proc.stderr.strip()}", file=sys.stderr)
             return 1
         print(f"cancelled Slurm job(s) {' '.join(ids)}")
+    return code
+
+
+def _cancel_local(run_dir: RunDir) -> bool:
+    """SIGTERM to the ranks of a local run that still run here; False when a rank marked live could not be
+    verified to be the process its status names (that process is left alone, and why is printed)."""
+    statuses = run_dir.read_statuses()
+    refused: list[str] = []
+
+    def refuse(rank: int, why: str) -> None:
+        pid = statuses[rank].get("pid")
+        refused.append(
+            f"hpc_train.jobs: rank {rank} of {run_dir.path} (pid {pid}) was not signalled: {why}. HINT: its status "
+            f"({run_dir.status_path(rank)}) may be stale; if the rank does still run, find it with "
+            f"`ps -ef | grep hpc_train` and end it yourself."
+        )
+
+    sent = signal_live_ranks(statuses, refused=refuse)
+    for rank, pid in sent:
+        print(f"sent SIGTERM to rank {rank} (pid {pid})")
+    for line in refused:
+        print(line, file=sys.stderr)
+    if not sent and not refused:
+        print(f"{run_dir.path}: no rank of this local run is still running here; nothing to cancel")
+    return not refused
+
+
+def cmd_restore_config(target: str) -> int:
+    """Write a damaged or missing config.yaml again from the config the newest loadable checkpoint holds; the
+    file it replaces is kept as config.yaml.damaged."""
+    from omegaconf import OmegaConf
+
+    from hpc_train.config import load_config
+    from hpc_train.train.checkpoint import find_resumable
+
+    rd = RunDir(Path(target))
+    if not rd.path.is_dir():
+        print(f"hpc_train.jobs: {target}: no such directory. HINT: pass a run dir", file=sys.stderr)
+        return 2
+    if rd.config.is_file() and not rd.config.is_symlink():
+        try:
+            load_config(rd.config)
+        except Exception as exc:  # noqa: BLE001 - whatever keeps it from loading is damage to repair
+            problem = _error(exc)
+        else:
+            print(
+                f"hpc_train.jobs: {rd.config} loads and validates; nothing to restore. HINT: to go back to the "
+                f"config of the newest checkpoint anyway, move it away first (mv {rd.config} {rd.config}.mine)",
+                file=sys.stderr,
+            )
+            return 1
+    else:
+        problem = "missing" if not os.path.lexists(rd.config) else "not a regular file"
+    found = find_resumable(rd.checkpoint_files())
+    if found is None:
+        print(
+            f"hpc_train.jobs: {rd.config} ({problem}) cannot be restored: {rd.checkpoints} holds no loadable "
+            "checkpoint. HINT: write it again with the overrides that made the run: `python -m hpc_train "
+            f"hydra.run.dir={rd.path} <overrides> --cfg job` prints the config (overrides.json lists them)",
+            file=sys.stderr,
+        )
+        return 1
+    checkpoint, state = found
+    config = state.get("config")
+    if not isinstance(config, dict):
+        print(
+            f"hpc_train.jobs: {rd.config} ({problem}) cannot be restored: {checkpoint} holds no config (key "
+            f"'config' is {type(config).__name__}; a checkpoint older than the config it saves?). HINT: write it "
+            "again with the overrides that made the run (overrides.json lists them)",
+            file=sys.stderr,
+        )
+        return 1
+    text = OmegaConf.to_yaml(OmegaConf.create(config))
+    staged = rd.path / f".{rd.config.name}.restored"
+    atomic_write(staged, lambda f: f.write(text.encode()))
+    try:
+        load_config(staged)
+    except Exception as exc:  # noqa: BLE001 - a config this version cannot load is no restoration
+        staged.unlink(missing_ok=True)
+        print(
+            f"hpc_train.jobs: the config in {checkpoint} does not validate ({_error(exc)}); {rd.config} was left "
+            "as it is. HINT: a "
+            "checkpoint of another hpc_train version? Restore with that version, or write the config again",
+            file=sys.stderr,
+        )
+        return 1
+    kept = ""
+    if os.path.lexists(rd.config):
+        damaged = _free_name(rd.path / f"{rd.config.name}.damaged")
+        os.rename(rd.config, damaged)
+        kept = f"; the file it replaced is kept as {damaged}"
+    os.replace(staged, rd.config)
+    print(f"restored {rd.config} ({problem}) from the config in {checkpoint} (step {state.get('step')}){kept}")
     return 0
 
 
-def _cancel_local(run_dir: RunDir) -> None:
-    for rank, pid in signal_live_ranks(run_dir.read_statuses()):
-        print(f"sent SIGTERM to rank {rank} (pid {pid})")
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... : the first that does not exist (nothing kept is overwritten)."""
+    candidate, n = path, 0
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     cancel.add_argument("targets", nargs="+")
     collect = sub.add_parser("collect", help="one row per sweep element: state and final metrics")
     collect.add_argument("sweep_dir")
+    restore = sub.add_parser(
+        "restore-config",
+        help="write a damaged or missing config.yaml again from the newest checkpoint (the old one is kept as "
+        "config.yaml.damaged)",
+    )
+    restore.add_argument("run_dir")
     args = parser.parse_args(argv)
     roots = args.search or [Path("outputs"), Path("multirun")]
     try:
@@ -248,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_collect(resolve_target(args.sweep_dir, roots))
         if args.command == "cancel":
             return cmd_cancel([rd for t in args.targets for rd in resolve_target(t, roots)])
+        if args.command == "restore-config":
+            return cmd_restore_config(args.run_dir)
         runs = resolve_target(args.target, roots)
         if len(runs) != 1:
             raise TargetError(f"{args.target} names {len(runs)} runs; logs shows one: pass one run dir or element id")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +293,107 @@ def test_a_reused_pid_is_not_the_rank(tmp_path: Path, monkeypatch: pytest.Monkey
     finally:
         other.kill()
         other.wait()
+
+
+BASH, SLEEP = shutil.which("bash") or "bash", shutil.which("sleep") or "sleep"  # found before PATH is emptied
+
+
+def sleeper(argv0: str = "sleep") -> subprocess.Popen[bytes]:
+    """A live process that is no rank (``exec -a`` gives it the command name ``argv0``)."""
+    return subprocess.Popen([BASH, "-c", f"exec -a {argv0} {SLEEP} 60"])
+
+
+def cancel_local(rd: RunDir, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = jobs_main(["cancel", str(rd.path)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def survives(proc: subprocess.Popen[bytes]) -> bool:
+    """True when ``proc`` is still running a moment later (a SIGTERM to sleep ends it at once)."""
+    try:
+        proc.wait(timeout=0.1)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("record", ["another pid_start", "no pid_start"])
+def test_cancel_leaves_a_process_alone_that_cannot_be_verified_to_be_the_rank(
+    record: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale status names a pid that now belongs to an unrelated process: cancel must not signal it."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    other = sleeper()
+    try:
+        assert wait_for_exec(other, "sleep")
+        started = process_start(other.pid)
+        assert started is not None
+        rd = local_run(tmp_path, {0: "running"}, pid=other.pid, pid_start=started - 1)
+        if record == "no pid_start":  # a run dir older than pid_start
+            status = json.loads(rd.status_path(0).read_text())
+            del status["pid_start"]
+            write_json_atomic(rd.status_path(0), status)
+            why = f"the status records no pid_start (an older run dir) and process {other.pid} runs 'sleep 60'"
+        else:
+            why = f"process {other.pid} started at {started} clock ticks after boot, the rank at {started - 1}"
+        code, out, err = cancel_local(rd, capsys)
+        assert survives(other)
+        assert code == 1 and "sent SIGTERM" not in out
+        assert f"rank 0 of {rd.path} (pid {other.pid}) was not signalled: {why}" in err
+        assert "the pid now belongs to another process" in err and "HINT:" in err
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("record", ["its pid_start", "no pid_start, a rank's command line"])
+def test_cancel_signals_a_rank_whose_identity_is_verified(
+    record: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rank = sleeper("hpc_train.worker" if record.startswith("no") else "sleep")
+    try:
+        assert wait_for_exec(rank, "sleep")
+        rd = local_run(tmp_path, {0: "running", 1: "completed"}, pid=rank.pid, pid_start=process_start(rank.pid))
+        if record.startswith("no"):
+            status = json.loads(rd.status_path(0).read_text())
+            del status["pid_start"]
+            write_json_atomic(rd.status_path(0), status)
+        code, out, err = cancel_local(rd, capsys)
+        assert (code, out, err) == (0, f"sent SIGTERM to rank 0 (pid {rank.pid})\n", "")
+        assert rank.wait(timeout=5) == -signal.SIGTERM
+        code, out, err = cancel_local(rd, capsys)  # its process is gone: nothing to do, nothing refused
+        assert (code, err) == (0, "") and "nothing to cancel" in out
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def wait_for_exec(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 5.0) -> bool:
+    """True once ``proc`` runs ``name`` (bash has exec'd it): before that its start time is bash's own, the same,
+    but its command line is still bash's."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{proc.pid}/comm").read_text().strip() == name:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_signal_live_ranks_says_why_it_leaves_a_rank_alone(tmp_path: Path) -> None:
+    rd = local_run(tmp_path, {0: "running", 1: "running"}, host="elsewhere")
+    patch = json.loads(rd.status_path(1).read_text())
+    write_json_atomic(rd.status_path(1), {**patch, "host": socket.gethostname(), "pid": "x"})
+    refused: list[tuple[int, str]] = []
+    assert signal_live_ranks(rd.read_statuses(), refused=lambda rank, why: refused.append((rank, why))) == []
+    assert refused == [
+        (
+            0,
+            f"it ran on host 'elsewhere', not on this one ({socket.gethostname()}): its pid cannot be checked from here",
+        ),
+        (1, "its pid 'x' is not a process id"),
+    ]
 
 
 def test_local_rank_on_another_host_cannot_be_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
