@@ -28,6 +28,10 @@ class LaunchError(HpcTrainError, RuntimeError):
     """A job could not be launched, or one of its ranks failed."""
 
 
+class Diverged(HpcTrainError, RuntimeError):
+    """Training produced non-finite values (loss, gradients or weights): fatal, retrying would diverge again."""
+
+
 @contextmanager
 def exit_plainly(where: str = "") -> Iterator[None]:
     """End a command on a user's mistake with one line on stderr, not a traceback: ConfigError exits 2,

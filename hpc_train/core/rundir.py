@@ -10,9 +10,10 @@ scripts and later tools find a run's outputs by them, and every module here reac
     rank_table.json            every rank's host, device and rendezvous address
     job.json, job.sbatch       what was submitted to Slurm (Slurm runs only)
     launcher.log               the launcher's own output (runs started from hpc_train.api)
-    checkpoints/step_<9 digits>.pt
+    checkpoints/step_<9 digits>.pt   (a damaged one is renamed step_<9 digits>.pt.damaged)
     logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
+    status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned
     status/restarts.json       one entry per attempt that stopped on a signal
     status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
@@ -204,6 +205,12 @@ class RunDir:
         """The checkpoint of ``step``; names sort by step (zero-padded)."""
         return self.checkpoints / f"step_{step:09d}.pt"
 
+    @property
+    def checkpoint_ledger(self) -> Path:
+        """The checkpoints this run wrote, each with its step, size and SHA-256 (``hpc_train.train.checkpoint``):
+        loads are verified against it, and pruning deletes only what it lists."""
+        return self.status_dir / "checkpoints.json"
+
     def checkpoint_files(self) -> list[Path]:
         """Every checkpoint file, oldest step first."""
         return sorted(self.checkpoints.glob(_CHECKPOINT_GLOB))
@@ -339,7 +346,7 @@ class RunDir:
         return _read_dict(self.progress(rank))
 
     def write_progress(self, rank: int, record: dict[str, Any]) -> None:
-        write_json_atomic(self.progress(rank), record, durable=False)
+        write_json_atomic(self.progress(rank), {**record, "run": str(self.path.resolve())}, durable=False)
 
     @property
     def batch_exit(self) -> Path:
@@ -358,6 +365,7 @@ class RunDir:
             "pid": os.getpid(),
             "pid_start": process_start(os.getpid()),  # tells this process from a later one given the same pid
             "time": time.time(),
+            "run": str(self.path.resolve()),  # whose record this is, for clear_statuses
         }
         if os.environ.get(ATTEMPT_VARIABLE, "").isdigit():  # set by the Slurm supervisor for each training step
             record["attempt"] = int(os.environ[ATTEMPT_VARIABLE])
@@ -377,15 +385,29 @@ class RunDir:
                 detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])
             error = f"{type(error).__name__}: {error}"
         status = read_json(self.status_path(rank))
-        step = int(status.get("step", 0)) if isinstance(status, dict) else 0
+        step = status.get("step") if isinstance(status, dict) else 0
+        step = step if isinstance(step, int) else 0  # a script's rank may have none; a damaged record, anything
         self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step, **extra)
 
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
         for path in [*self.status_dir.glob("rank_*.json"), *self.status_dir.glob("progress_*.json")]:
-            path.unlink(missing_ok=True)
+            if self._wrote(path):
+                path.unlink(missing_ok=True)
         self.batch_exit.unlink(missing_ok=True)
+
+    def _wrote(self, path: Path) -> bool:
+        """Whether this run wrote the record in ``path``: it names this run dir, or, written before records
+        did, it is a plain file in a status/ folder that is the run dir's own (not a link to a shared one).
+        A file someone else put there, or a link, is never deleted."""
+        if path.is_symlink() or not path.is_file():
+            return False
+        record = read_json(path)
+        owner = record.get("run") if isinstance(record, dict) else None
+        if owner is not None:
+            return bool(owner == str(self.path.resolve()))
+        return not self.status_dir.is_symlink()
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
         """The latest status of each rank that has written one."""

@@ -7,8 +7,9 @@ its traceback, a watchdog report, or nothing at all for a rank that was killed).
 
 Retryable: a rank killed by a signal, a node lost, a collective or rendezvous error, a hang the watchdog
 caught, and a Python exception the first time it is seen. Fatal: the same exception from the same step on two
-attempts in a row, an import error and a config error. Hosts blamed for a retryable failure are its
-``suspects``: the supervisor leaves them out of the next attempt when it has spare nodes.
+attempts in a row, an import error, a config error, and divergence (a non-finite loss or state). Hosts blamed for
+a retryable failure are its ``suspects``: the supervisor leaves them out of the next attempt when it has spare
+nodes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hpc_train.train.watchdog import FROZEN
 __all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"]
 
 RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
-FATAL_KINDS = ("repeated_exception", "import", "config")
+FATAL_KINDS = ("repeated_exception", "import", "config", "diverged")
 
 # srun's own lines only: a task's output never starts with "srun:" (srun prefixes nothing to it).
 _TASK_LINE = re.compile(r"^srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
@@ -158,6 +159,8 @@ def _error_kind(error: str, traceback: str) -> tuple[str, str]:
                 break
         else:
             return "exception", error
+    if type_name == "Diverged":  # non-finite loss or weights: another attempt from the same state diverges again
+        return "diverged", error
     if type_name in _IMPORT_ERRORS:
         return "import", error
     if type_name in _CONFIG_ERRORS:

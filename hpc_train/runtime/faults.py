@@ -20,10 +20,8 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
-from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
 
 __all__ = ["VARIABLE", "Fault", "armed_fault", "fault_from_env"]
@@ -33,7 +31,7 @@ _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr2": signal.SIGUS
 KINDS = ("raise", "exit", "hang", "freeze", "killsave", *_SIGNALS)
 log = logging.getLogger(__name__)
 
-Save = Callable[[Any, Path], None]
+Serialize = Callable[[Any, IO[bytes]], None]
 
 
 @dataclass(frozen=True)
@@ -58,18 +56,18 @@ class Fault:
             return
         os.kill(os.getpid(), _SIGNALS[self.kind])
 
-    def checkpoint_writer(self, rank: int, save: Save) -> Save:
-        """``save`` for the trainer's checkpoints; with ``killsave`` on this rank, one that dies halfway through
-        writing the checkpoint of the fault's step."""
+    def checkpoint_writer(self, rank: int, serialize: Serialize) -> Serialize:
+        """``serialize`` for the trainer's checkpoints; with ``killsave`` on this rank, one that dies halfway
+        through writing the checkpoint of the fault's step (into the temp file the ledger names)."""
         if self.kind != "killsave" or rank != self.rank:
-            return save
+            return serialize
 
-        def save_or_die(state: Any, path: Path) -> None:
+        def serialize_or_die(state: Any, f: IO[bytes]) -> None:
             if isinstance(state, dict) and state.get("step") == self.step:
-                atomic_write(path, _die_halfway)
-            save(state, path)
+                _die_halfway(f)
+            serialize(state, f)
 
-        return save_or_die
+        return serialize_or_die
 
 
 def fault_from_env(value: str | None = None, attempt: int = 0) -> Fault | None:
@@ -106,7 +104,7 @@ def armed_fault(environ: Mapping[str, str] | None = None, attempt: int = 0) -> F
 
 
 def _die_halfway(f: IO[bytes]) -> None:
-    """A ``write`` callback for atomic_write that writes part of a file, then SIGKILLs this process."""
+    """Writes part of a checkpoint into ``f``, then SIGKILLs this process."""
     f.write(b"\0" * 4096)
     f.flush()
     os.kill(os.getpid(), signal.SIGKILL)

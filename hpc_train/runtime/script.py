@@ -46,7 +46,7 @@ from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = ["ScriptError", "ScriptRun", "run_script", "run_user_script", "torchrun_environment"]
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 FINISHED_KEY = "hpc_train/scripts_finished"
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,8 @@ def run_script(
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopped_by
+        if signum == signal.SIGHUP:  # a hang-up is a stop: the script hears the SIGTERM it knows how to handle
+            signum = signal.SIGTERM
         if signum in stops and not stopped_by:
             stopped_by = signum
         child.send_signal(signum)

@@ -4,6 +4,9 @@ thread count, the device."""
 from __future__ import annotations
 
 import gc
+import multiprocessing.process
+import shutil
+import tempfile
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -31,6 +34,7 @@ class Startup:
     def __init__(self) -> None:
         self._was_enabled = False
         self._done = False
+        self._tempdir = ""
         self.signals = StopSignals(EARLY_STOP_SIGNALS)
         """Stop signals caught from the first line of the worker on: one that comes while torch is still being
         imported (Ctrl-C or a launcher's SIGTERM a second after launch) is kept for the trainer or the script,
@@ -38,6 +42,7 @@ class Startup:
 
     def __enter__(self) -> Startup:
         self.signals.install()
+        self._tempdir = _own_multiprocessing_tempdir()
         self._was_enabled = gc.isenabled()
         gc.disable()
         return self
@@ -56,6 +61,9 @@ class Startup:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.signals.restore()
+        if self._tempdir:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
         if self._was_enabled:  # cluster=debug runs the worker in the launcher's process
             gc.enable()
 
@@ -69,3 +77,19 @@ class Startup:
         torch.set_num_threads(cfg.cluster.cpus_per_task)
         use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and auto_uses_cuda(env))
         return select_device(env, use_cuda)
+
+
+def _own_multiprocessing_tempdir() -> str:
+    """Give multiprocessing one temp folder for this rank and its DataLoader workers, to be removed when the
+    rank ends ('' when one was set already).
+
+    multiprocessing makes a ``/tmp/pymp-*`` folder per process that shares tensors (each DataLoader worker), and
+    removes it only at a clean interpreter exit, which worker processes do not have: a run with
+    data.num_workers=2 left 8 of them. Worker processes inherit the parent's setting, so with one set here they
+    all use this folder. (multiprocessing keeps it in the process's ``_config``; ``util.get_temp_dir`` reads it.)
+    """
+    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+    if config.get("tempdir"):
+        return ""
+    config["tempdir"] = tempfile.mkdtemp(prefix="pymp-hpc_train-")
+    return str(config["tempdir"])

@@ -292,7 +292,8 @@ class Supervisor:
         while True:
             attempts = self.rd.read_attempts()
             last = attempts[-1] if attempts else None
-            number = max(len(attempts), self.rd.next_attempt(), int(last["attempt"]) + 1 if last else 0)
+            recorded = last.get("attempt") if last else None  # a damaged entry must not stop the recovery
+            number = max(len(attempts), self.rd.next_attempt(), recorded + 1 if isinstance(recorded, int) else 0)
             bad = [str(e.get("host")) for e in self.rd.read_bad_nodes()]
             nodes = pick_nodes(self.allocation, bad, self.cluster)
             if isinstance(nodes, str):

@@ -96,7 +96,7 @@ def _guards(
     from hpc_train.train.stopping import StopSignals, signal_number
     from hpc_train.train.watchdog import Watchdog
 
-    stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT]).install()
+    stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT, signal.SIGHUP]).install()
     stop.received = stop.received or startup.stop_received  # a stop that came while torch was being imported
     with rd.rank_log(env.rank, attempt).open("a") as stream:
 

@@ -14,15 +14,16 @@ Every rank reads the same result at the same step, so they still stop together, 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
 __all__ = ["EARLY_STOP_SIGNALS", "StopSignals", "signal_number"]
 
-EARLY_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+EARLY_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 """Caught from a rank's first line, before its config (and so cluster.signal) is read: any of them asks the
-rank to stop, which is what each would have done anyway (USR1/USR2 kill an unprepared process)."""
+rank to stop, which is what each would have done anyway (USR1/USR2 kill an unprepared process).
+SIGHUP (the terminal closed, an ssh session ended) is a stop like SIGTERM: the rank checkpoints."""
 
 
 def signal_number(name: str) -> int:
@@ -65,16 +66,21 @@ class StopSignals:
         and, unless that says stop, starts the next one with this rank's flag. A gloo group: the flag is a CPU
         tensor.
         """
+        return self.agree_all(group, ())[0]
+
+    def agree_all(self, group: Any, votes: Sequence[int]) -> tuple[int, ...]:
+        """``agree`` with more to agree on: ``votes`` travel in the same reduction, and come back as their MAX
+        over the ranks, one call later (at once with one rank). Every call passes the same number of votes."""
         # torch is imported here, not at the top: the launcher imports this module (signal_number) and must
         # not pay torch's start-up second before it has started a single rank.
         import torch
         import torch.distributed as dist
 
         if dist.get_world_size(group) == 1:  # nobody to agree with: no collective, no delay
-            return self.received
-        agreed = self._finish()
-        if not agreed:
-            flag = torch.tensor([self.received], dtype=torch.int64)
+            return (self.received, *votes)
+        agreed = self._finish() or (0,) * (1 + len(votes))
+        if not agreed[0]:
+            flag = torch.tensor([self.received, *votes], dtype=torch.int64)
             self._pending = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True), flag
         return agreed
 
@@ -82,10 +88,10 @@ class StopSignals:
         """Complete the reduction in flight (every rank has one at the same step) before training ends."""
         self._finish()
 
-    def _finish(self) -> int:
+    def _finish(self) -> tuple[int, ...]:
         if self._pending is None:
-            return 0
+            return ()
         work, flag = self._pending
         self._pending = None
         work.wait()  # bounded by the process group's timeout (and the watchdog)
-        return int(flag.item())
+        return tuple(int(v) for v in flag.tolist())

@@ -7,6 +7,7 @@ collectives inside them line up across ranks without extra messages.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -22,21 +23,24 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config, TrainerConfig
-from hpc_train.core.errors import ConfigError
+from hpc_train.core.errors import ConfigError, Diverged
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.dist import DistEnv
 from hpc_train.train.checkpoint import (
+    CheckpointRecord,
+    Checkpoints,
+    Serialize,
     capture_rng,
-    find_resumable,
-    load_checkpoint,
     load_init_weights,
-    prune_checkpoints,
+    nonfinite_entries,
     restore_rng,
     save_atomic,
+    verify_checkpoint,
 )
 from hpc_train.train.data import SYNTHETIC_VERSION, make_datasets, make_loaders
+from hpc_train.train.divergence import DIVERGED_HINT, DivergenceGuard
 from hpc_train.train.early_stopping import EarlyStopping
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
@@ -56,8 +60,8 @@ STOPPED = RankState.STOPPED
 """fit() stopped on a signal after every rank saved the same checkpoint."""
 PROGRESS_EVERY_S = 1.0
 """How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
-
-Save = Callable[[Any, Path], None]
+CHECKPOINT_SHARE = 0.01
+"""The most of the training time that time-based checkpoints may take: a slower save stretches the interval."""
 
 
 class Faults(Protocol):
@@ -65,7 +69,7 @@ class Faults(Protocol):
 
     def at_step(self, rank: int, step: int) -> None: ...
 
-    def checkpoint_writer(self, rank: int, save: Save) -> Save: ...
+    def checkpoint_writer(self, rank: int, serialize: Serialize) -> Serialize: ...
 
 
 log = logging.getLogger(__name__)
@@ -93,7 +97,8 @@ class Trainer:
             self._step_hooks.append(lambda step: watchdog.kick())
         if fault is not None:
             self._step_hooks.append(lambda step: fault.at_step(env.rank, step))
-        self._save: Save = save_atomic if fault is None else fault.checkpoint_writer(env.rank, save_atomic)
+        serialize: Serialize = torch.save if fault is None else fault.checkpoint_writer(env.rank, torch.save)
+        self.checkpoints = Checkpoints(run_dir, serialize)
         tc = cfg.trainer
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.
         torch.manual_seed(tc.seed)
@@ -117,6 +122,7 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, tc.schedule, self.total_steps)
         self.early_stopping = EarlyStopping(tc.early_stopping, device)
+        self.divergence = DivergenceGuard(tc.divergence_steps)
         # From here on each rank draws its own random numbers (dropout), as in nanoGPT's seed offset.
         torch.manual_seed(tc.seed + env.rank)
 
@@ -156,6 +162,10 @@ class Trainer:
         """The step of this attempt's latest checkpoint, on every rank (-1: none yet)."""
         self._checkpointed: tuple[int, float] | None = None
         """The step and time of this attempt's latest checkpoint."""
+        self._checkpoint_every_s = tc.checkpoint_every_min * 60
+        """Time-based checkpoints: the interval in force on rank 0 (0: off); stretched when saves are slow."""
+        self._last_checkpoint_at = time.monotonic()
+        self._due_voted = False
         self._resume()
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
@@ -202,16 +212,42 @@ class Trainer:
                     hook(self.step)
                 early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
                 if early_stop or self.step >= self.total_steps:
-                    self._save_end_checkpoint()
-                    self._save_final()
-                    return COMPLETED
+                    return self._complete()
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
-                self.stopped_by = self.stop.agree(self.control)
+                self.stopped_by, due = self._agree()
                 if self.stopped_by:
                     self._save_checkpoint(f"signal {self.stopped_by}")
                     return STOPPED
+                if due and self._saved_step != self.step:
+                    self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
             self.epoch += 1
             self.step_in_epoch = 0
+        return self._complete()
+
+    def _agree(self, final: bool = False) -> tuple[int, bool]:
+        """One agreement after a step (``StopSignals.agree_all``): the stop signal, the divergence flag of an
+        earlier step, and whether rank 0's clock says a time-based checkpoint is due. Raises Diverged.
+        ``final``: training has ended; the flags not agreed yet are, and no checkpoint is asked for."""
+        flagged, flagged_step = self.divergence.vote(final)
+        vote = int(not final and self._checkpoint_due())
+        signal, flagged, flagged_step, due = self.stop.agree_all(self.control, [flagged, flagged_step, vote])
+        self.divergence.agreed(flagged, flagged_step)
+        return signal, bool(due)
+
+    def _checkpoint_due(self) -> bool:
+        """Rank 0's vote for a time-based checkpoint: once per save (the vote is agreed a step later, and the
+        reduction then in flight must not ask for a second one)."""
+        every = self._checkpoint_every_s
+        if self._due_voted or not (self.env.is_main and every > 0):
+            return False
+        self._due_voted = time.monotonic() - self._last_checkpoint_at >= every
+        return self._due_voted
+
+    def _complete(self) -> str:
+        """Training reached its end: the divergence flags still in flight are agreed first (a last step that
+        went non-finite must not be saved as the result), then the end checkpoint and the final weights."""
+        for _ in range(3):  # the flags of the last two steps, and the reduction still in flight (two steps behind)
+            self._agree(final=True)
         self._save_end_checkpoint()
         self._save_final()
         return COMPLETED
@@ -234,6 +270,7 @@ class Trainer:
     def _optimizer_step(self, micro_batches: list[Any]) -> None:
         """One optimizer step over ``accumulate`` micro-batches; gradients are all-reduced on the last only."""
         scaler = self.precision.scaler
+        step_loss = torch.zeros((), device=self.device)
         for index, (inputs, targets) in enumerate(micro_batches):
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -245,12 +282,19 @@ class Trainer:
                     # Divided so the accumulated gradient is that of the mean over all micro-batches.
                     loss = self.loss_fn(self.model(inputs), targets) / self.accumulate
                 scaler.scale(loss).backward()
-            self._window_loss += loss.detach().float()
+            step_loss += loss.detach().float()
+        self._window_loss += step_loss
         if self.cfg.trainer.grad_clip_norm:
             scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip_norm)
+            step_loss = step_loss + norm.detach().float() * 0  # a non-finite norm flags the step as well
+        scale = scaler.get_scale() if scaler.is_enabled() else None
         scaler.step(self.optimizer)
         scaler.update()
+        # fp16: a step whose gradients overflowed was skipped by the scaler (which then lowers its scale), and the
+        # weights are untouched: not divergence.
+        skipped = None if scale is None else torch.tensor(scaler.get_scale() < scale, device=self.device)
+        self.divergence.flag(self.step + 1, step_loss, skipped)
         self.optimizer.zero_grad(set_to_none=True)
         self._step_lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
@@ -377,6 +421,8 @@ class Trainer:
             self._binding_limit(),
         )
 
+        log.info("%s", checkpoint_policy(tc))
+
     def _binding_limit(self) -> str:
         return binding_limit(self.cfg.trainer, self.steps_per_epoch)
 
@@ -403,25 +449,66 @@ class Trainer:
     def _save_checkpoint(self, why: str = "periodic") -> None:
         """One checkpoint of the whole job; every rank calls this at the same step.
 
-        Each rank's random state is gathered to rank 0, which writes the file; the barrier at the end means
-        that when any rank returns, the checkpoint is complete on disk.
+        Every rank first checks that its weights and optimizer state are finite (a non-finite state is never
+        saved: the run has diverged, and its last checkpoint stays the last finite state). Each rank's random
+        state is gathered to rank 0, which writes the file; the barrier at the end means that when any rank
+        returns, the checkpoint is complete on disk.
         """
         if self.watchdog is not None:
             self.watchdog.kick("checkpointing")
+        self._refuse_nonfinite_state()
         # Per rank: the random state, and the loss summed since the last metrics row (a row after the resume
         # then averages the same steps as the uninterrupted run's).
         mine = {"rng": capture_rng(self.device), "window_loss": self._window_loss.detach().cpu()}
         ranks: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(ranks, mine, group=self.control)
         if self.env.is_main:
-            path = self.run_dir.checkpoint(self.step)
-            self._save(self._checkpoint_state(ranks), path)
-            prune_checkpoints(self.run_dir.checkpoint_files(), self.cfg.trainer.keep_checkpoints)
+            started = time.monotonic()
+            path = self.checkpoints.save(self._checkpoint_state(ranks), self.step, self.cfg.trainer.keep_checkpoints)
+            self._note_save_time(time.monotonic() - started)
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
             self._checkpointed = (self.step, time.time())
             self._report_progress()
         self._saved_step = self.step
+        self._last_checkpoint_at = time.monotonic()
+        self._due_voted = False
         dist.barrier(group=self.control)
+
+    def _refuse_nonfinite_state(self) -> None:
+        """Diverged, on every rank at once, when any rank's weights or optimizer state hold NaN or inf."""
+        bad = nonfinite_entries({"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()})
+        flag = torch.tensor([int(bool(bad))])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
+        if flag.item():
+            where = f" ({', '.join(bad[:3])})" if bad else " (on another rank)"
+            raise Diverged(
+                f"training diverged: the weights or optimizer state are not finite at step {self.step}{where}; "
+                f"nothing was saved, and the last checkpoint, which is finite, is kept. {DIVERGED_HINT}"
+            )
+
+    def _note_save_time(self, seconds: float) -> None:
+        """The first save says what time-based checkpoints cost; one slower than CHECKPOINT_SHARE of the
+        interval stretches the interval (rank 0 alone decides when they are due)."""
+        every = self._checkpoint_every_s
+        if not every:
+            return
+        if seconds > CHECKPOINT_SHARE * every * 1.1:
+            self._checkpoint_every_s = seconds / CHECKPOINT_SHARE
+            log.info(
+                "a checkpoint took %.3g s, more than %.0f%% of trainer.checkpoint_every_min=%.3g: time-based "
+                "checkpoints now come every %.1f min",
+                seconds,
+                CHECKPOINT_SHARE * 100,
+                self.cfg.trainer.checkpoint_every_min,
+                self._checkpoint_every_s / 60,
+            )
+        elif self._checkpointed is None:
+            log.info(
+                "a checkpoint takes %.3g s: %.2g%% of the time with one every %.3g min",
+                seconds,
+                100 * seconds / every,
+                every / 60,
+            )
 
     def _save_end_checkpoint(self) -> None:
         """A complete run keeps a checkpoint of its last step too, so that a resubmission with a larger
@@ -448,15 +535,21 @@ class Trainer:
         }
 
     def _resume(self) -> None:
-        """Continue from the newest complete checkpoint in the run dir, if there is one.
+        """Continue from the newest verified checkpoint in the run dir, if there is one.
 
-        Rank 0 picks the file and tells the others, so all ranks load the same one even if a file system
-        shows them different listings.
+        Rank 0 removes what killed writers left, picks the file (setting damaged ones aside) and tells the
+        others, so all ranks load the same one even if a file system shows them different listings. The others
+        check its size against the ledger's record, that it loads, and that it is finite.
         """
-        choice: list[Any] = [None]
-        found = find_resumable(self.run_dir.checkpoint_files()) if self.env.is_main else None
-        if found is not None:
-            choice = [str(found[0])]
+        choice: list[Any] = [None, None]
+        found = None
+        if self.env.is_main:
+            self.checkpoints.clean_leftovers()
+            found = self.checkpoints.newest()
+            records = {r.file: r for r in self.checkpoints.records()}
+            if found is not None:
+                record = records.get(found[0].name)
+                choice = [str(found[0]), None if record is None else dataclasses.asdict(record)]
         dist.broadcast_object_list(choice, src=0, group=self.control)
         if choice[0] is None:
             if self.env.is_main:  # rows of an attempt that left no checkpoint: this one trains those steps again
@@ -464,7 +557,13 @@ class Trainer:
             self._init_from()
             return
         path = Path(choice[0])
-        state = found[1] if found is not None else load_checkpoint(path)  # rank 0 has read it already
+        if found is not None:
+            state = found[1]  # rank 0 has read and verified it already
+        else:
+            record = None if choice[1] is None else CheckpointRecord(**choice[1])
+            if record is not None and path.stat().st_size != record.size:
+                raise ValueError(f"{path} has {path.stat().st_size} bytes on this node, the ledger says {record.size}")
+            state = verify_checkpoint(path, None)
         if state.get("world_size") != self.env.world_size:
             raise ConfigError(
                 f"{path} was written by {state.get('world_size')} ranks, this run has {self.env.world_size}: the "
@@ -575,6 +674,18 @@ def binding_limit(tc: TrainerConfig, steps_per_epoch: int) -> str:
     if tc.max_epochs is None:
         epochs = f"{tc.epoch_limit} epochs (the default) bind"
     return epochs if not tc.max_steps else f"{epochs}, before trainer.max_steps={tc.max_steps}"
+
+
+def checkpoint_policy(tc: TrainerConfig) -> str:
+    """What a crash costs under the periodic checkpoints in force, in words for the start-up log."""
+    every = [f"every {tc.checkpoint_every_min:g} min"] if tc.checkpoint_every_min else []
+    every += [f"every {tc.checkpoint_every_n_steps} steps"] if tc.checkpoint_every_n_steps else []
+    if not every:
+        return (
+            "no periodic checkpoints (trainer.checkpoint_every_min=0): a crash or a lost node costs all the training "
+            "of this attempt; a stop signal still checkpoints"
+        )
+    return f"checkpoints {' and '.join(every)}: a crash or a lost node costs at most that much training"
 
 
 def _shown(key: str, value: Any) -> str:

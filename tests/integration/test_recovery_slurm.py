@@ -8,6 +8,7 @@
 - Without a spare (sbatch mode, a user's script): the same kill, and the job completes on node1 and node2.
 - A frozen rank (SIGSTOP): caught by the watchdog, retried in the allocation.
 - The same exception from the same step on every attempt: fatal after the second, exit 86, no requeue.
+- A run that diverges (NaN loss): fatal at once, exit 86, no retry and no requeue; its checkpoints are finite.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from hpc_train.core.rundir import RunDir, read_json
 
@@ -185,13 +188,14 @@ def test_killed_script_rank_without_spare_reuses_the_node(tmp_path: Path) -> Non
 
 @pytest.fixture(scope="module")
 def fault_jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, Path]]:
-    """Two small jobs at once on the debug partition: a rank frozen in attempt 0 only, and an exception raised
-    by rank 1 at step 8 of every attempt."""
+    """Three small jobs at once on the debug partition: a rank frozen in attempt 0 only, an exception raised by
+    rank 1 at step 8 of every attempt, and a learning rate that makes the loss NaN within a few steps."""
     small = [*JOB, "cluster.tasks_per_node=1", "trainer.max_steps=40", "cluster.submit=sbatch"]
     jobs = {}
     for name, fault, extra in (
         ("freeze", "rank=1,step=15,kind=freeze,attempt=0", ["trainer.watchdog_s=8"]),
         ("raise", "rank=1,step=8,kind=raise", []),
+        ("diverge", "", ["optim=sgd", "trainer.lr=3000", "trainer.checkpoint_every_n_steps=2"]),
     ):
         run_dir = tmp_path_factory.mktemp(name) / "run"
         jobs[name] = (submit_job(run_dir, *small, *extra, env={"HPC_TRAIN_FAULT": fault}), run_dir)
@@ -209,12 +213,17 @@ def test_frozen_rank_is_caught_by_the_watchdog_and_retried(fault_jobs: dict[str,
     assert slurm_job(job_id)["Restarts"] == "0"
 
 
-def test_the_same_exception_twice_is_fatal(fault_jobs: dict[str, tuple[str, Path]]) -> None:
-    job_id, run_dir = fault_jobs["raise"]
+def fatal_attempts(job_id: str, run_dir: Path) -> list[dict[str, Any]]:
+    """The attempts of a job that must have ended on a fatal failure: FAILED with exit 86, never requeued."""
     assert wait_for_job(job_id, timeout=300) == "FAILED"
     job = slurm_job(job_id)
     assert job["ExitCode"] == "86:0" and job["Restarts"] == "0", job
-    attempts = RunDir(run_dir).read_attempts()
+    return RunDir(run_dir).read_attempts()
+
+
+def test_the_same_exception_twice_is_fatal(fault_jobs: dict[str, tuple[str, Path]]) -> None:
+    job_id, run_dir = fault_jobs["raise"]
+    attempts = fatal_attempts(job_id, run_dir)
     assert [a["outcome"] for a in attempts] == ["failed", "fatal"], attempts  # no third attempt
     assert attempts[0]["failure"]["kind"] == "exception"
     failure = attempts[1]["failure"]
@@ -224,3 +233,18 @@ def test_the_same_exception_twice_is_fatal(fault_jobs: dict[str, tuple[str, Path
     assert shown["state"] == "FAILED" and "repeated_exception" in str(shown["detail"]), shown
     text = cli("hpc_train.jobs", "status", str(run_dir), cwd=run_dir.parent).stdout
     assert "repeated_exception (fatal): rank 1 on node2 at step 8" in text and "RuntimeError" in text, text
+
+
+def test_divergence_is_fatal_at_once_and_keeps_the_finite_checkpoints(fault_jobs: dict[str, tuple[str, Path]]) -> None:
+    job_id, run_dir = fault_jobs["diverge"]
+    attempts = fatal_attempts(job_id, run_dir)
+    assert [a["outcome"] for a in attempts] == ["fatal"], attempts  # not retried: it would diverge again
+    assert attempts[0]["failure"]["kind"] == "diverged" and "HINT: lower trainer.lr" in attempts[0]["failure"]["error"]
+    checkpoints = RunDir(run_dir).checkpoint_files()
+    assert checkpoints, "the steps before the divergence left no checkpoint"
+    for path in checkpoints:
+        state = torch.load(path, weights_only=True)
+        assert all(torch.isfinite(t).all() for t in state["model"].values()), path
+    assert not (run_dir / "model_final.pt").exists()
+    text = cli("hpc_train.jobs", "status", str(run_dir), cwd=run_dir.parent).stdout
+    assert "diverged (fatal)" in text, text

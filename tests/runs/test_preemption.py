@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpc_train.core.rundir import RunDir
 
@@ -70,21 +71,53 @@ def test_stop_and_resume_is_bit_identical(run_cli, baseline: Path, fault: str) -
 
 
 def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Path) -> None:  # type: ignore[no-untyped-def]
-    """SIGKILL halfway through writing a checkpoint: the resumed run takes the previous one and still ends exact."""
+    """SIGKILL halfway through writing a checkpoint, then bits flipped in the newest one that was written, and a
+    foreign file where the next one goes: the resumed run removes the killed writer's temp file, sets the damaged
+    checkpoint aside, takes the one before, keeps the foreign file, and still ends bit-identical."""
     job = [*JOB, "trainer.checkpoint_every_n_steps=5", "cluster.failure_grace_s=2"]
     killed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=15,kind=killsave"})
     assert killed.returncode == 1, killed.stderr[-2000:]
     folder = run_dir / "checkpoints"
     assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_000000005.pt", "step_000000010.pt"]
-    assert list(folder.glob(".step_000000015.pt.*.tmp")), "the half-written file should be left as a temp file"
-    # A damaged file under the final name (a disk error, a copy cut short) is skipped the same way.
-    (folder / "step_000000015.pt").write_bytes(b"not a checkpoint")
+    assert (folder / ".step_000000015.pt.tmp").is_file(), "the half-written file should be left as a temp file"
+    # Bits flipped in the middle of the newest checkpoint (a disk or copy error): torch alone would load it.
+    data = bytearray((folder / "step_000000010.pt").read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    (folder / "step_000000010.pt").write_bytes(bytes(data))
+    (folder / "step_000000015.pt").write_bytes(b"not ours")
 
     resumed, _ = run_cli(*job, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
-    assert "skipping a damaged checkpoint" in log and "resumed from" in log and "step_000000010.pt" in log
+    assert "set aside as step_000000010.pt.damaged" in log and "resumed from" in log and "step_000000005.pt" in log
+    assert not list(folder.glob(".*.tmp")) and (folder / "step_000000010.pt.damaged").is_file()
+    assert [p.read_bytes() for p in folder.glob("step_000000015.pt.not-ours-*")] == [b"not ours"]
     assert_bitwise_equal(baseline, run_dir)
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_finite_state(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """Review of main: optim=sgd trainer.lr=3000 went NaN at step 10, ran on, exited 0, and rotation deleted the
+    last finite checkpoint. Now the ranks agree on the first non-finite step, end as diverged, exit non-zero, and
+    every checkpoint left is finite."""
+    job = [*JOB, "optim=sgd", "trainer.lr=3000", "trainer.checkpoint_every_n_steps=2", "trainer.keep_checkpoints=1"]
+    proc, run_dir = run_cli(*job)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    statuses = RunDir(run_dir).read_statuses()
+    assert {s["state"] for s in statuses.values()} == {"failed"}
+    assert all(s["error"].startswith("Diverged: training diverged") for s in statuses.values()), statuses
+    assert "HINT: lower trainer.lr" in statuses[0]["error"]
+    assert not (run_dir / "model_final.pt").exists()
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    assert len(checkpoints) == 1, checkpoints
+    state = torch.load(checkpoints[0], weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert all(s["step"] < 10 for s in statuses.values()), "the run went on after it diverged"
+    # From a real failure report: classified as its own fatal kind, so Slurm neither retries nor requeues it.
+    from hpc_train.runtime.failures import SrunReport, classify
+
+    failure = classify(statuses, SrunReport.parse([]), 1)
+    assert failure.kind == "diverged" and not failure.retryable
 
 
 @pytest.mark.parametrize("kind", ["hang", "freeze"])

@@ -12,7 +12,7 @@ from hpc_train.config import CNNConfig, DataConfig, MLPConfig, check_override_ke
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
 from hpc_train.runtime.faults import fault_from_env
-from hpc_train.train.checkpoint import prune_checkpoints, save_atomic
+from hpc_train.train.checkpoint import save_atomic
 from hpc_train.train.data import ShardSampler, make_synthetic
 from hpc_train.train.models import build_model
 from hpc_train.train.optim import scaled_lr
@@ -68,15 +68,6 @@ def test_synthetic_data_is_the_class_mean_plus_unit_noise() -> None:
 def test_models_map_inputs_to_class_logits(model: MLPConfig | CNNConfig, shape: list[int]) -> None:
     net = build_model(model, shape, num_classes=10)
     assert net(torch.randn(5, *shape)).shape == (5, 10)
-
-
-def test_atomic_save_and_prune(tmp_path: Path) -> None:
-    run_dir = RunDir(tmp_path)
-    for step in (5, 10, 15):
-        save_atomic({"w": torch.full((2,), float(step))}, run_dir.checkpoint(step))
-    prune_checkpoints(run_dir.checkpoint_files(), keep=2)
-    assert sorted(p.name for p in run_dir.checkpoints.iterdir()) == ["step_000000010.pt", "step_000000015.pt"]
-    assert torch.load(run_dir.checkpoints / "step_000000015.pt", weights_only=True)["w"].tolist() == [15.0, 15.0]
 
 
 def test_failed_atomic_write_leaves_old_file(tmp_path: Path) -> None:
