@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -17,13 +18,14 @@ from hpc_train.config import (
     CONFIG_MODULE,
     check_overrides,
     config_from_dict,
+    environment_keys,
     hydra_quoted,
     register_configs,
 )
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
-from hpc_train.launch import write_config
+from hpc_train.launch import claim_run_dir, finished_message, finished_step, write_config
 from hpc_train.launch.preflight import preflight
 
 register_configs()
@@ -35,19 +37,34 @@ def _app(raw: DictConfig) -> None:
         cfg = config_from_dict(raw)
         preflight(cfg)
         run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
-        # The resume command needs the user's config folder as much as the overrides.
-        flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]
-        write_config(cfg, run_dir, [*flags, *HydraConfig.get().overrides.task])
+        # Before anything is written: a second launch into a run dir another one trains in is refused here.
+        lease = claim_run_dir(cfg, run_dir)
     except ConfigError as exc:
-        print(f"hpc_train: config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _config_error(exc)
+    with lease:  # given back when the launch ends, however it ends (a Slurm submission hands it to the job)
+        try:
+            finished = finished_step(cfg, run_dir)
+            if finished is not None:
+                print(finished_message(cfg, run_dir, finished), flush=True)
+                return
+            # The resume command needs the user's config folder as much as the overrides.
+            flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]
+            overrides = [*flags, *HydraConfig.get().overrides.task]
+            write_config(cfg, run_dir, overrides, secret_keys=environment_keys(raw))
+        except ConfigError as exc:
+            _config_error(exc)
 
-    from hpc_train.launch import launch
+        from hpc_train.launch import launch
 
-    with exit_plainly():
-        code = launch(cfg, run_dir)
+        with exit_plainly():
+            code = launch(cfg, run_dir)
     if code:
         raise SystemExit(code)
+
+
+def _config_error(exc: ConfigError) -> NoReturn:
+    print(f"hpc_train: config error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def main() -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "chosen_option_keys",
     "config_from_dict",
     "control_character",
+    "environment_keys",
     "hydra_quoted",
     "load_config",
     "mem_mb",
@@ -1145,6 +1146,26 @@ def _typed_option(node: Any, group: str, schemas: Mapping[str, type[Any]]) -> An
             f"HINT: select one with {group}={sorted(schemas)[0]}."
         )
     return OmegaConf.merge(OmegaConf.structured(schemas[name]), node)
+
+
+_READS_ENVIRONMENT = re.compile(r"\$\{\s*oc\.env\s*:")
+
+
+def environment_keys(raw: Any, prefix: str = "") -> list[str]:
+    """The keys of a composed, unresolved config whose values read environment variables (``${oc.env:...}``),
+    Hydra's own node aside. Their resolved values land in config.yaml (and job.sbatch): a token a profile reads
+    from the environment must not become readable by everyone who can read the run dir."""
+    if isinstance(raw, DictConfig):
+        raw = OmegaConf.to_container(raw, resolve=False)
+    if isinstance(raw, str):
+        return [prefix] if _READS_ENVIRONMENT.search(raw) else []
+    items: Any = raw.items() if isinstance(raw, dict) else enumerate(raw) if isinstance(raw, list) else ()
+    found: list[str] = []
+    for key, value in items:
+        if not prefix and key == "hydra":
+            continue
+        found += environment_keys(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
 
 
 def config_from_dict(data: Mapping[str, Any] | DictConfig) -> Config:

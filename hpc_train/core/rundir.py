@@ -10,6 +10,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     rank_table.json            every rank's host, device and rendezvous address
     job.json, job.sbatch       what was submitted to Slurm (Slurm runs only)
     launcher.log               the launcher's own output (runs started from hpc_train.api)
+    owner.json                 the lease of the launch or Slurm job that owns the run dir (hpc_train.core.owner)
     checkpoints/step_<9 digits>.pt   (a damaged one is renamed step_<9 digits>.pt.damaged)
     logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
@@ -22,7 +23,8 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
     status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
                                through hpc_train.preemption)
-    submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log
+    submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log (the local
+                               controller's stderr, and what the launcher's watcher did)
     profile/, tensorboard/, plots/
 """
 

@@ -6,22 +6,109 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict
+from hpc_train.core import owner
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState, all_ranks
+from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
 
-__all__ = ["launch", "write_config"]
+__all__ = ["claim_run_dir", "finished_step", "launch", "make_private", "slurm_probe", "write_config"]
+
+TRAINING_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_epochs", "trainer.early_stopping.patience")
+"""The keys a resumed run may change that decide how far it trains: a finished run with new values of these
+may have more to train."""
 
 
-def write_config(cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None = None) -> None:
+def slurm_probe(job_id: str) -> tuple[bool | None, str]:
+    """Slurm's view of the job that owns a run dir (``owner.JobProbe``): squeue while it lists the job (a
+    finished job stays listed a few minutes), accounting after that. Not listed and no accounting: ended."""
+    if shutil.which("squeue") is None:
+        return None, "squeue is not installed here, so Slurm could not be asked"
+    state = squeue_state(job_id)
+    if state in ACTIVE_STATES:
+        return True, f"{state} per squeue"
+    if state is None or state == UNREACHABLE:
+        accounted = sacct_state(job_id)
+        if accounted is not None:
+            return accounted in ACTIVE_STATES, f"{accounted} per sacct"
+        if state == UNREACHABLE:
+            return None, "squeue could not reach slurmctld and sacct gave nothing"
+        return False, "Slurm no longer lists it"
+    return False, f"{state} per squeue"
+
+
+def claim_run_dir(cfg: Config, run_dir: RunDir) -> owner.Lease:
+    """Make this launch the run dir's only owner before anything is written there; ConfigError naming the live
+    owner (a launcher, or a Slurm job) otherwise. See ``hpc_train.core.owner``."""
+    here = cfg.cluster.launcher == "slurm" and cfg.cluster.submit == "here"
+    launcher = "slurm submit=here" if here else cfg.cluster.launcher
+    facts = {"allocation": os.environ.get("SLURM_JOB_ID"), "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
+    return owner.claim(run_dir.path, launcher, probe=slurm_probe, facts=facts if here else None)
+
+
+def finished_step(cfg: Config, run_dir: RunDir) -> int | None:
+    """The step a finished run in ``run_dir`` ended at, when launching ``cfg`` there would train nothing more;
+    None when it may train (or when that cannot be told without the ranks).
+
+    Only claimed when sure: every rank's last status says completed at the same step, whose checkpoint and the
+    final weights are on disk, and ``cfg`` differs from the saved config.yaml in none of the keys that decide
+    how far a run trains (TRAINING_LENGTH_KEYS) nor in any key a resumed run may not change (those are refused
+    by ``write_config``, naming them). A larger trainer.max_steps therefore goes on training."""
+    if cfg.script.enabled or not run_dir.config.is_file() or not run_dir.model_final.is_file():
+        return None  # a user's script decides for itself whether it has more to do
+    statuses = run_dir.read_statuses()
+    world = cfg.cluster.world_size
+    if len(statuses) != world or not all_ranks(statuses, world, RankState.COMPLETED):
+        return None
+    steps = {s.get("step") for s in statuses.values()}
+    step = steps.pop() if len(steps) == 1 else None
+    if not isinstance(step, int) or not run_dir.checkpoint(step).is_file():
+        return None
+    old = _comparable(run_dir.config.read_text())
+    new = _comparable(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    differ = {k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>")}
+    if differ - set(RESUME_SAFE_KEYS) or differ & set(TRAINING_LENGTH_KEYS):
+        return None
+    return step
+
+
+def finished_message(cfg: Config, run_dir: RunDir, step: int) -> str:
+    """What a launch into a finished run dir says instead of starting ranks that have nothing to do."""
+    tc = cfg.trainer
+    limits = [f"trainer.max_steps={tc.max_steps}"] if tc.max_steps else []
+    if tc.epoch_limit:
+        limits.append(f"trainer.max_epochs={tc.epoch_limit}")
+    if tc.early_stopping.patience:
+        limits.append(f"trainer.early_stopping.patience={tc.early_stopping.patience}")
+    return (
+        f"hpc_train: {run_dir.path} is finished at step {step} ({', '.join(limits)}); nothing to train. Its weights "
+        f"are in {run_dir.model_final}. HINT: raise trainer.max_steps / trainer.max_epochs to train longer, or "
+        f"start a new run from its weights: leave hydra.run.dir unset and add trainer.init_from={run_dir.path}"
+    )
+
+
+def write_config(
+    cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None = None, secret_keys: Sequence[str] = ()
+) -> None:
     """Save the validated config and the overrides that made it; refuse to overwrite a different config (that
-    run's record would be lost). ``overrides=None``: those of the Hydra job running now (none outside one)."""
+    run's record would be lost), or a run dir another launch owns (``hpc_train.core.owner``; a launcher claims
+    the run dir first with ``claim_run_dir``). ``overrides=None``: those of the Hydra job running now (none
+    outside one). ``secret_keys``: keys whose values came from the environment (``config.environment_keys``):
+    the run dir is made private first (``make_private``)."""
+    owner.check_free(run_dir.path, slurm_probe)
+    _check_folders(run_dir)
+    if secret_keys:
+        make_private(run_dir.path, secret_keys)
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
@@ -29,6 +116,37 @@ def write_config(cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None =
         _check_something_to_resume(run_dir)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
     run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
+
+
+def _check_folders(run_dir: RunDir) -> None:
+    """The run dir's folders are folders (or links to one): a file or a dangling link at checkpoints/ made
+    main start from step 0 and fail at the first save, after training that far."""
+    for folder in (run_dir.checkpoints, run_dir.status_dir, run_dir.logs):
+        if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+            what = "a link to nothing" if folder.is_symlink() else "a file"
+            raise ConfigError(
+                f"{folder} is {what}, where the run keeps its {folder.name}. HINT: move it away, or make it a "
+                f"folder (or a link to one, e.g. on scratch storage: ln -s /scratch/$USER/run1 {folder})"
+            )
+
+
+def make_private(folder: Path, secret_keys: Sequence[str]) -> None:
+    """Make ``folder`` readable by its owner alone (0700), and say why.
+
+    A value read from the environment with ``${oc.env:...}`` (a tracker token in a shared profile, say) is
+    resolved before it is validated, so config.yaml, job.sbatch, submitit's pickles and the logs hold it. Rather
+    than chase each of those files, the folder that holds them is closed: everything in it, and everything
+    written there later, is out of other users' reach. Group and world permissions of files already there do
+    not matter once the folder cannot be entered."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o077:
+        folder.chmod(0o700)
+        shown = ", ".join(secret_keys[:4]) + (" ..." if len(secret_keys) > 4 else "")
+        print(
+            f"hpc_train: {shown} read the environment (${{oc.env:...}}); their values are written into the run's "
+            f"files, so {folder} is now readable by you alone (0700)",
+            flush=True,
+        )
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.config import Config
+from hpc_train.core import owner
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
@@ -76,7 +77,35 @@ def _stop_following(run_dir: RunDir, why: str) -> None:
 def submit_slurm(
     cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
 ) -> list[str]:
-    """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs)."""
+    """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs).
+
+    Each run dir is owned by its job once submitted (``hpc_train.core.owner``): until the job ends, another
+    launch into it is refused. A run dir this process has not claimed yet (a sweep's element) is claimed here,
+    before the submission, and given back if nothing is submitted."""
+    from hpc_train.launch import claim_run_dir
+
+    leases: list[owner.Lease] = []
+    claimed: list[owner.Lease] = []
+    try:
+        for rd in run_dirs:
+            lease = owner.held(rd.path)
+            if lease is None:
+                lease = claim_run_dir(cfg, rd)
+                claimed.append(lease)
+            leases.append(lease)
+        return _submit(cfg, run_dirs, log_dir, overrides, leases)
+    finally:
+        for lease in claimed:
+            lease.release()  # nothing when it was handed to its job
+
+
+def _submit(
+    cfg: Config,
+    run_dirs: Sequence[RunDir],
+    log_dir: Path,
+    overrides: Sequence[Sequence[str]],
+    leases: Sequence[owner.Lease],
+) -> list[str]:
     # Live Slurm where it answers (a dry run too), else the facts a profile recorded, if any.
     facts = facts_for(cfg.cluster, live=True)
     if facts is not None:
@@ -100,6 +129,8 @@ def submit_slurm(
     else:
         array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
     job_ids = [f"{array_id}_{i}" for i in range(len(run_dirs))] if spec.is_array else [array_id]
+    for lease, job_id in zip(leases, job_ids, strict=True):
+        lease.hand_to_job(job_id)  # first: from here on the job owns its run dir, whatever happens to this process
     for i, rd in enumerate(run_dirs):
         record = {
             "scheduler": "slurm",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from hpc_train.config import Config, config_from_dict
+from hpc_train.config import Config, config_from_dict, environment_keys
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
@@ -94,15 +95,21 @@ def _check_one_request(typed: list[Config]) -> None:
 def _submit_array(
     typed: list[Config], sweep_configs: list[DictConfig], job_overrides: Sequence[Sequence[str]]
 ) -> list[JobReturn]:
-    from hpc_train.launch import write_config
+    from hpc_train.launch import claim_run_dir, make_private, write_config
     from hpc_train.launch.slurm import submit_slurm
 
     run_dirs = [_run_dir(c) for c in sweep_configs]
     flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]  # for each resume command
-    for cfg, rd, overrides in zip(typed, run_dirs, job_overrides, strict=True):
-        write_config(cfg, rd, [*flags, *overrides])
     sweep_dir = Path(str(sweep_configs[0].hydra.sweep.dir))
-    job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
+    with ExitStack() as leases:  # each element's run dir is claimed before its config is written (core.owner)
+        for cfg, rd in zip(typed, run_dirs, strict=True):
+            leases.enter_context(claim_run_dir(cfg, rd))
+        secret_keys = sorted({key for c in sweep_configs for key in environment_keys(c)})
+        if secret_keys:  # the array's sbatch script is written there
+            make_private(sweep_dir / "slurm", secret_keys)
+        for cfg, rd, overrides in zip(typed, run_dirs, job_overrides, strict=True):
+            write_config(cfg, rd, [*flags, *overrides], secret_keys=secret_keys)
+        job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
     if job_ids:
         array_id = job_ids[0].split("_")[0]
         print(f"hpc_train: submitted {len(job_ids)} runs as Slurm job array {array_id}. Sweep dir: {sweep_dir}")
