@@ -71,7 +71,7 @@ __all__ = [
 CONFIG_MODULE = "pkg://hpc_train.conf"
 """Where hpc_train's own YAML configs are: inside the package, so an installed wheel finds them from any folder."""
 
-STOP_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "QUIT", "XCPU")
+STOP_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
 """What ``cluster.signal`` may be: signals that sbatch's --signal knows by name and a rank can catch as a notice to
 checkpoint and stop. Slurm's other names are refused: KILL and STOP cannot be caught; TSTP, TTIN, TTOU and CONT
 stop or resume a process, URG comes with a socket's urgent data, ABRT reports a crash, and ALRM belongs to
@@ -569,7 +569,7 @@ class DataConfig(_Checked):
             "e.g. data.input_shape=[784] or data.input_shape=[3,32,32]",
         )
         self._bounded("num_classes", 2, INT64_MAX, 10, why="2**63-1")
-        self._bounded("seed", 0, INT64_MAX, 0, why="2**63-1: torch seeds a generator with it")
+        self._bounded("seed", -INT64_MAX - 1, INT64_MAX, 0, why="int64: torch seeds a generator with it")
         self._require(0 <= self.val_fraction < 1, "val_fraction", "must be in [0, 1)", "e.g. data.val_fraction=0.1")
         self._bounded("class_separation", 0.0, FLOAT32_MAX, 3, above=True, why=_F32)
         self._bounded("num_workers", 0, INT32_MAX, 0, why="2**31-1")
@@ -787,7 +787,7 @@ class TrainerConfig(_Checked):
         self._one_of("lr_scaling", LR_SCALING)
         self._bounded("lr_reference_batch_size", 1, INT64_MAX, "128 (the global batch the base LR was tuned for)")
         # torch.manual_seed takes up to 2**64-1 and gets seed + rank; nothing seeds numpy or random with it.
-        self._bounded("seed", 0, INT64_MAX, 0, why="2**63-1: torch seeds its generators with seed + rank")
+        self._bounded("seed", -INT64_MAX - 1, INT64_MAX, 0, why="int64: torch seeds its generators with seed + rank")
         self._one_of("device", DEVICES)
         self._bounded("log_every_n_steps", 1, INT64_MAX, 20, why="2**63-1")
         for key in ("val_every_n_steps", "val_every_n_epochs", "checkpoint_every_n_steps"):
@@ -974,7 +974,7 @@ class AdamWConfig(_Checked):
             "must be two numbers in [0, 1)",
             "e.g. optim.betas=[0.9,0.999]",
         )
-        self._bounded("eps", 0.0, FLOAT32_MAX, "1e-8", above=True, why=_F32)
+        self._bounded("eps", 0.0, FLOAT32_MAX, "1e-8", why=_F32)
         self._bounded("weight_decay", 0.0, FLOAT32_MAX, 0.01, why=_F32)
 
 

@@ -120,7 +120,7 @@ def write_config(
 
 def _check_folders(run_dir: RunDir) -> None:
     """The run dir's folders are folders (or links to one): a file or a dangling link at checkpoints/ made
-    main start from step 0 and fail at the first save, after training that far."""
+    main start from step 0 and fail at the first save, after training that far. metrics.jsonl is no link."""
     for folder in (run_dir.checkpoints, run_dir.status_dir, run_dir.logs):
         if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
             what = "a link to nothing" if folder.is_symlink() else "a file"
@@ -128,6 +128,11 @@ def _check_folders(run_dir: RunDir) -> None:
                 f"{folder} is {what}, where the run keeps its {folder.name}. HINT: move it away, or make it a "
                 f"folder (or a link to one, e.g. on scratch storage: ln -s /scratch/$USER/run1 {folder})"
             )
+    if run_dir.metrics.is_symlink():  # rank 0 would refuse it after the rendezvous, with the others waiting
+        raise ConfigError(
+            f"{run_dir.metrics} is a symbolic link: the run appends its metrics to its own file, never through a "
+            f"link. HINT: remove the link (rm {run_dir.metrics}), or put a copy of the file in its place"
+        )
 
 
 def make_private(folder: Path, secret_keys: Sequence[str]) -> None:

@@ -78,7 +78,16 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
             # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
             job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
         assert isinstance(job, LocalJob)
-        os.write(tell_watcher, f"{job.job_id}\n".encode())  # the controller's pid
+        try:
+            os.write(tell_watcher, f"{job.job_id}\n".encode())  # the controller's pid
+        except OSError as exc:  # the watcher is gone (EPIPE): train all the same, and say what is missing
+            print(
+                f"hpc_train: warning: the watcher of this launcher ended early ({exc.strerror}; see "
+                f"{run_dir.controller_log}): if this launcher is killed, stop the ranks with "
+                f"`python -m hpc_train.jobs cancel {run_dir.path}`",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             with _signals_as_interrupt():
                 world = plural(cfg.cluster.world_size, "rank")

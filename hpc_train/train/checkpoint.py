@@ -153,6 +153,14 @@ class Checkpoints:
 
     # ---- the ledger ----------------------------------------------------------------------------------------
 
+    def _identity(self) -> dict[str, Any]:
+        """Which run dir a ledger belongs to: its path, and its inode (which a move on one file system keeps)."""
+        try:
+            info = self.run_dir.path.stat()
+        except OSError:
+            return {"run": str(self.run_dir.path.resolve())}
+        return {"run": str(self.run_dir.path.resolve()), "inode": [info.st_dev, info.st_ino]}
+
     def _read(self) -> _Ledger:
         raw = read_json(self.run_dir.checkpoint_ledger)
         if not isinstance(raw, dict):
@@ -161,12 +169,20 @@ class Checkpoints:
                     "%s is damaged: its checkpoints are checked as unrecorded ones", self.run_dir.checkpoint_ledger
                 )
             return _Ledger()
+        mine = self._identity()
+        if "run" in raw and raw.get("run") != mine["run"] and raw.get("inode") != mine.get("inode"):
+            log.warning(
+                "%s is the ledger of another run dir (%s): this run's checkpoints are checked as unrecorded ones",
+                self.run_dir.checkpoint_ledger,
+                raw.get("run"),
+            )
+            return _Ledger()
         records = [r for r in map(CheckpointRecord.parse, raw.get("checkpoints") or []) if r is not None]
         writing = [str(w) for w in raw.get("writing") or [] if isinstance(w, str) and "/" not in w]
         return _Ledger(records=sorted(records, key=lambda r: r.step), writing=writing, found=True)
 
     def _write(self, ledger: _Ledger, durable: bool = True) -> None:
-        record = {"checkpoints": [asdict(r) for r in ledger.records], "writing": ledger.writing}
+        record = {"checkpoints": [asdict(r) for r in ledger.records], "writing": ledger.writing, **self._identity()}
         write_json_atomic(self.run_dir.checkpoint_ledger, record, durable)
 
     def records(self) -> list[CheckpointRecord]:
@@ -190,7 +206,7 @@ class Checkpoints:
             if tmp.is_file() and not tmp.is_symlink():
                 tmp.unlink()
                 removed.append(tmp)
-        kept = [r for r in ledger.records if self._path(r).is_file()]
+        kept = [r for r in ledger.records if not _missing(self._path(r))]
         if removed or ledger.writing or len(kept) != len(ledger.records):
             self._write(_Ledger(records=kept, found=True))
         if removed:
@@ -230,7 +246,10 @@ class Checkpoints:
     def _write_temp(self, state: Any, tmp: Path) -> tuple[str, int]:
         if tmp.is_symlink():  # someone's link where our temp file goes: never write through it
             tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        # A private run dir (its config read secrets from the environment) keeps its checkpoints private too,
+        # also where checkpoints/ links to shared scratch: a checkpoint holds the resolved config.
+        private = not self.run_dir.path.stat().st_mode & 0o077
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600 if private else 0o644)
         with os.fdopen(fd, "wb") as f:
             hashing = _Hashing(f)
             try:
@@ -293,14 +312,33 @@ class Checkpoints:
                     self.run_dir.checkpoints,
                     foreign[0].name,
                 )
-        else:  # a run dir from before the ledger: completeness and finite values are all that can be checked
-            candidates = [(p, None) for p in self.run_dir.checkpoint_files()]
+        elif self._ran_before(repair):  # a run from before the ledger: only completeness and finite values
+            candidates = [(p, None) for p in self.run_dir.checkpoint_files()]  # can be checked
+        else:  # a new run: step_*.pt files already there (a checkpoints/ linked to shared scratch) are not its own
+            candidates = []
         for path, record in reversed(candidates):
             try:
-                return path, verify_checkpoint(path, record)
+                state = verify_checkpoint(path, record)
             except ValueError as exc:
                 self._set_aside(path, record, str(exc), repair)
+                continue
+            if record is None and repair:
+                self._adopt(path, int(state["step"]))
+            return path, state
         return None
+
+    def _ran_before(self, repair: bool) -> bool:
+        """Whether the run dir holds a run that trained before: an earlier attempt's rank 0 log (rank 0 of this
+        attempt, ``repair``, has written its own log already)."""
+        logs = [*self.run_dir.logs.glob("rank_0.log"), *self.run_dir.logs.glob("rank_0.restart*.log")]
+        return len(logs) >= (2 if repair else 1)
+
+    def _adopt(self, path: Path, step: int) -> None:
+        """Record a checkpoint from before the ledger once it has been verified and resumed from, so that later
+        checkpoints can fall back to it (older unrecorded ones are left alone: never loaded nor deleted)."""
+        digest, size = _file_digest(path)
+        record = CheckpointRecord(file=path.name, step=step, sha256=digest, size=size, time=path.stat().st_mtime)
+        self._write(_Ledger(records=[record], found=True))
 
     def _set_aside(self, path: Path, record: CheckpointRecord | None, why: str, repair: bool) -> None:
         if not repair:
@@ -316,6 +354,17 @@ class Checkpoints:
             ledger = self._read()
             ledger.records = [r for r in ledger.records if r.file != record.file]
             self._write(ledger)
+
+
+def _missing(path: Path) -> bool:
+    """True only when the file is surely gone (a transient error, such as NFS's ESTALE, is not 'gone')."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _keep_foreign(path: Path) -> None:
@@ -362,14 +411,20 @@ def verify_checkpoint(path: Path, record: CheckpointRecord | None) -> dict[str, 
     if record is not None:
         try:
             digest, size = _file_digest(path)
-        except OSError as exc:
-            raise ValueError(f"{path} cannot be read ({exc.strerror})") from None
+        except FileNotFoundError:
+            raise ValueError(f"{path} is gone") from None
+        # Any other OSError (EIO, ESTALE on NFS) propagates: the file may be fine, and it is not set aside.
         if (digest, size) != (record.sha256, record.size):
             raise ValueError(
                 f"{path} is not the file that was written: {size} bytes with SHA-256 {digest[:12]}..., the ledger "
                 f"recorded {record.size} bytes with {record.sha256[:12]}... (bits flipped or the file was replaced)"
             )
-    state = load_checkpoint(path)
+        try:
+            state = load_checkpoint(path)
+        except ValueError as exc:  # the bytes are those written: the trouble is here (memory, torch version)
+            raise RuntimeError(f"{path} matches its recorded SHA-256 but cannot be loaded here: {exc}") from None
+    else:
+        state = load_checkpoint(path)
     bad = nonfinite_entries({"model": state["model"], "optimizer": state["optimizer"]})
     if bad:
         raise ValueError(f"{path} holds non-finite values in {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}")

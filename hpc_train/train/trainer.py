@@ -216,7 +216,8 @@ class Trainer:
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
                 self.stopped_by, due = self._agree()
                 if self.stopped_by:
-                    self._save_checkpoint(f"signal {self.stopped_by}")
+                    if self._saved_step != self.step:  # a step-count checkpoint of this very step is the same
+                        self._save_checkpoint(f"signal {self.stopped_by}")
                     return STOPPED
                 if due and self._saved_step != self.step:
                     self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
@@ -288,18 +289,29 @@ class Trainer:
             scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip_norm)
             step_loss = step_loss + norm.detach().float() * 0  # a non-finite norm flags the step as well
-        scale = scaler.get_scale() if scaler.is_enabled() else None
+        scale = self._scale_tensor()
+        before = None if scale is None else scale.clone()
         scaler.step(self.optimizer)
         scaler.update()
         # fp16: a step whose gradients overflowed was skipped by the scaler (which then lowers its scale), and the
-        # weights are untouched: not divergence.
-        skipped = None if scale is None else torch.tensor(scaler.get_scale() < scale, device=self.device)
+        # weights are untouched: not divergence, while the scale is still >= 1 (below 1, the overflow is not the
+        # scale's doing: the model itself gives inf or NaN). Compared on the device: no wait for the host.
+        after = self._scale_tensor()
+        skipped = None if before is None or after is None else (after < before) & (before >= 1)
         self.divergence.flag(self.step + 1, step_loss, skipped)
         self.optimizer.zero_grad(set_to_none=True)
         self._step_lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self._window_steps += 1
         self.observer.step()
+
+    def _scale_tensor(self) -> torch.Tensor | None:
+        """fp16's loss scale as the scaler keeps it, a tensor on the device (None without fp16)."""
+        scaler = self.precision.scaler
+        if not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)  # torch keeps it there; get_scale() would read it to the host
+        return scale if isinstance(scale, torch.Tensor) else torch.tensor(scaler.get_scale(), device=self.device)
 
     def _after_step(self, end_of_epoch: bool) -> bool:
         """Log, validate, checkpoint as due; True when early stopping ends training."""

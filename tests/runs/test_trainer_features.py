@@ -87,7 +87,11 @@ def test_one_process_strategies(run_cli, strategy: str) -> None:  # type: ignore
     ok(proc)
     assert f"strategy {strategy}" in proc.stderr
     assert len(json.loads((run_dir / "rank_table.json").read_text())) == 1
-    assert sorted(p.name for p in (run_dir / "status").iterdir()) == ["progress_0.json", "rank_0.json"]
+    assert sorted(p.name for p in (run_dir / "status").iterdir()) == [
+        "checkpoints.json",
+        "progress_0.json",
+        "rank_0.json",
+    ]
     assert not any(k.startswith("module.") for k in weights(run_dir)), "the wrapper leaked into the saved weights"
 
 

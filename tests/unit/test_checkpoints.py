@@ -96,14 +96,87 @@ def test_nonfinite_state_is_never_loaded(tmp_path: Path) -> None:
     assert nonfinite_entries({"model": {"w": torch.tensor([1.0, float("inf")])}, "n": [torch.ones(2)]}) == ["model.w"]
 
 
+def _earlier_attempt(run: RunDir) -> None:
+    """The rank 0 logs of an attempt before this one, and of this one (what the trainer's rank 0 sees)."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    (run.logs / "rank_0.log").write_text("attempt 0\n")
+    (run.logs / "rank_0.restart1.log").write_text("attempt 1\n")
+
+
 def test_a_run_dir_from_before_the_ledger_still_resumes(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     run.checkpoints.mkdir()
+    _earlier_attempt(run)
     for step in (5, 10):
         torch.save(_state(step), run.checkpoint(step))
     run.checkpoint(10).write_bytes(b"cut short")
     found = Checkpoints(run).newest()
     assert found is not None and found[1]["step"] == 5 and (run.checkpoints / "step_000000010.pt.damaged").is_file()
+
+
+def test_the_checkpoint_resumed_from_before_the_ledger_is_adopted(tmp_path: Path) -> None:
+    """Review: with steps 100 and 200 from before the ledger, a resumed run that saved 300, which then got damaged,
+    restarted from 0 although 200 was intact."""
+    run = RunDir(tmp_path)
+    run.checkpoints.mkdir()
+    _earlier_attempt(run)
+    for step in (100, 200):
+        torch.save(_state(step), run.checkpoint(step))
+    store = Checkpoints(run)
+    found = store.newest()
+    assert found is not None and found[1]["step"] == 200
+    store.save(_state(300), 300, keep=2)
+    _flip(run.checkpoint(300))
+    again = store.newest()
+    assert again is not None and again[1]["step"] == 200
+    assert run.checkpoint(100).is_file(), "an older unrecorded checkpoint is never deleted"
+
+
+def test_a_new_run_never_loads_checkpoints_it_did_not_write(tmp_path: Path) -> None:
+    """A new run whose checkpoints/ links to scratch that holds another run's step files starts from 0."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    torch.save(_state(50), scratch / "step_000000050.pt")
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.checkpoints.symlink_to(scratch)
+    (run.logs).mkdir()
+    (run.logs / "rank_0.log").write_text("this attempt\n")
+    assert Checkpoints(run).newest() is None
+    assert (scratch / "step_000000050.pt").is_file()
+
+
+def test_the_ledger_of_another_run_dir_is_not_ours(tmp_path: Path) -> None:
+    other = RunDir(tmp_path / "other")
+    _save(other, 5)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.status_dir.symlink_to(other.status_dir)  # a status/ shared by mistake
+    assert Checkpoints(run).records() == []
+
+
+def test_a_file_that_matches_its_digest_but_will_not_load_is_not_set_aside(tmp_path: Path) -> None:
+    """The bytes are those written: a load that fails here (memory, another torch) fails the attempt, and the
+    checkpoint stays for the next one."""
+    run = RunDir(tmp_path)
+    store = _save(run, 5)
+    garbage = b"not a zip file at all"
+    run.checkpoint(5).write_bytes(garbage)
+    import hashlib
+
+    record = json.loads(run.checkpoint_ledger.read_text())
+    record["checkpoints"][0].update(sha256=hashlib.sha256(garbage).hexdigest(), size=len(garbage))
+    run.checkpoint_ledger.write_text(json.dumps(record))
+    with pytest.raises(RuntimeError, match="matches its recorded SHA-256 but cannot be loaded here"):
+        store.newest()
+    assert run.checkpoint(5).is_file() and [r.step for r in store.records()] == [5]
+
+
+def test_a_private_run_dir_keeps_its_checkpoints_private(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir(mode=0o700)
+    _save(run, 5)
+    assert run.checkpoint(5).stat().st_mode & 0o077 == 0
 
 
 def test_pruning_deletes_only_our_own_files(tmp_path: Path) -> None:
@@ -219,10 +292,13 @@ def test_steps_the_grad_scaler_skipped_are_not_divergence() -> None:
         _guard_run(DivergenceGuard(1), [1.0, inf], skipped=[False, False])
 
 
-def test_a_hang_up_is_a_stop_signal() -> None:
+def test_a_hang_up_is_a_stop_signal_and_every_allowed_signal_is_caught_from_the_first_line() -> None:
     import signal
 
+    from hpc_train.config import STOP_SIGNALS
+
     assert signal.SIGHUP in EARLY_STOP_SIGNALS
+    assert {signal.Signals[f"SIG{name}"] for name in STOP_SIGNALS} <= set(EARLY_STOP_SIGNALS)
 
 
 def test_clearing_statuses_leaves_records_that_are_not_ours(tmp_path: Path) -> None:

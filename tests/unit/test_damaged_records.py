@@ -213,7 +213,9 @@ def save_checkpoint(rd: RunDir, step: int, composed: Config) -> Path:
     state |= {"step": step, "epoch": 0, "step_in_epoch": step, "rng": []}
     state["config"] = OmegaConf.to_container(OmegaConf.structured(composed))
     rd.checkpoint(step).parent.mkdir(exist_ok=True)
-    torch.save(state, rd.checkpoint(step))
+    torch.save(state, rd.checkpoint(step))  # as a run from before the checkpoint ledger wrote it: it trained,
+    rd.logs.mkdir(exist_ok=True)  # so its rank 0 log is there
+    (rd.logs / "rank_0.log").touch()
     return rd.checkpoint(step)
 
 
