@@ -23,5 +23,6 @@ fi
 stop_testbed() { [ "$started_testbed" = 1 ] && slurm/testbed.sh stop || true; }
 trap stop_testbed EXIT
 
-.venv/bin/python -m pytest --durations=25 "$@"
+# Every test by default (pyproject's testpaths keeps a plain `pytest` to the unit tests); arguments replace that.
+.venv/bin/python -m pytest --durations=25 -n 0 "${@:-tests}"
 echo "test: finished in $((SECONDS - t0))s"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
 from hpc_train.dist.env import (
     PORT_BASE,
     PORT_SPAN,
@@ -27,7 +28,6 @@ from hpc_train.dist.env import (
     detect_source,
     resolve_environment,
 )
-from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
 
 if TYPE_CHECKING:
     from hpc_train.dist.process_group import (

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
 
 __all__ = ["DistEnv", "Source", "derive_port", "detect_source", "resolve_environment"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc_train.dist.env import DistEnv
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.dist.env import DistEnv
 
 __all__ = ["auto_uses_cuda", "distributed", "init_distributed", "select_device", "teardown_distributed"]
 
@@ -79,7 +79,9 @@ def auto_uses_cuda(env: DistEnv) -> bool:
     return True
 
 
-def init_distributed(env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None) -> None:
+def init_distributed(
+    env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None
+) -> None:
     """Create the default process group: nccl for GPUs, gloo for CPUs; ``timeout`` bounds every collective.
 
     A one-process job uses an in-memory store, so it binds no port and works where networking is locked down.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -225,9 +226,9 @@ def attempts_note(attempts: list[dict[str, Any]]) -> str:
     failure = _failure(last)
     failures = [a for a in attempts if _failure(a)]
     if outcome == "fatal":
-        return f"attempt {number}: fatal failure, not retried or requeued (exit 86): {failure.get('describe', '?')}"
+        return f"attempt {number}: fatal failure, not retried or requeued (exit {EXIT_FATAL}): {failure.get('describe', '?')}"
     if outcome == "gave_up":
-        return f"attempt {number}: gave up (exit 87): {last.get('message', '?')}; last failure: {failure.get('describe', '?')}"
+        return f"attempt {number}: gave up (exit {EXIT_GAVE_UP}): {last.get('message', '?')}; last failure: {failure.get('describe', '?')}"
     retried = ""
     if failures:
         latest = _failure(failures[-1])

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, load_config
+from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.goodput import ledger
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir, write_json_atomic
@@ -45,11 +46,6 @@ from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "run", "supervise"]
 
-EXIT_FATAL = 86
-"""A fatal failure: not retried, not requeued (the class is in status/attempts.json and `jobs status`)."""
-EXIT_GAVE_UP = 87
-"""Retryable failures, but the limits are spent (cluster.max_failures, max_stalled_failures) or no healthy
-node is left."""
 STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.srun_wait_s before the supervisor ends it."""
 LAUNCH_GRACE_S = 120
