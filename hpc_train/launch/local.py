@@ -57,6 +57,8 @@ __all__ = ["follow", "launch_debug", "launch_local", "watch"]
 
 POLL_S = 0.2
 RESEND_S = 1.0
+DONE = b"done\n"
+"""What the launcher tells its watcher before it closes the pipe: it ended by itself (a killed one cannot)."""
 WATCH_STOP_S = 60.0
 """How long the watcher of a dead launcher lets the ranks take to checkpoint and stop before it kills them."""
 
@@ -100,7 +102,9 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
             )
             return 130
     finally:
-        os.close(tell_watcher)  # the watcher wakes, finds the launcher alive and the job over, and exits
+        with suppress(OSError):  # said before the pipe closes: a launcher that dies never says it
+            os.write(tell_watcher, DONE)
+        os.close(tell_watcher)  # the watcher wakes, finds the launcher done and the job over, and exits
         with suppress(subprocess.TimeoutExpired):
             watcher.wait(timeout=5)
 
@@ -154,11 +158,15 @@ def watch(argv: list[str]) -> int:
     launcher = (int(argv[2]), int(argv[3]) if argv[3].isdigit() else None)
     token = argv[4] if len(argv) > 4 else ""
     controller: tuple[int, int | None] | None = None
+    done = False
     with os.fdopen(read_end, "rb") as pipe:
         for line in pipe:  # until end of file: the launcher closed it, or died
             if line.strip().isdigit():
                 controller = (int(line), process_start(int(line)))
-    launcher_alive = pid_alive(launcher[0]) and process_start(launcher[0]) == launcher[1]
+            done = done or line == DONE
+    # Its last word, not its pid: a killed launcher's pipe closes while the process is still exiting, when /proc
+    # may show it alive for a moment longer (seen on a loaded machine).
+    launcher_alive = done and pid_alive(launcher[0]) and process_start(launcher[0]) == launcher[1]
     if controller is None and not launcher_alive:  # it died between starting the controller and naming it
         controller = _find_controller(run_dir.submitit)
     if controller is None or not _runs(controller):
