@@ -1,4 +1,4 @@
-"""Typed config schema: the defaults and rules live here; ``hpc_train/conf/*.yaml`` picks options.
+"""Typed config schema: the defaults and rules live here; ``conf/*.yaml`` (``pkg://hpc_train.conf``) picks options.
 
 Every dataclass checks its own fields in ``__post_init__`` and raises ``ConfigError`` naming the key, the
 value and the fix; ``Config.__post_init__`` checks rules that span groups. ``OmegaConf.to_object`` runs these

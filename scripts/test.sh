@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
 scripts/setup.sh --test
-.venv/bin/ruff check hpc_train hydra_plugins tests benchmarks
-.venv/bin/ruff format --check hpc_train hydra_plugins tests benchmarks
+.venv/bin/ruff check hpc_train hydra_plugins tests benchmarks conf
+.venv/bin/ruff format --check hpc_train hydra_plugins tests benchmarks conf
 .venv/bin/mypy
 
 # The integration tests need the testbed (root, apt). Start it here, and stop it afterwards if we started it.

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CONF = REPO / "hpc_train" / "conf"
+CONF = REPO / "conf"
+"""hpc_train's own config groups, at the top of the repository; the wheel ships them as hpc_train/conf."""
 
 gpu_test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 """Marks a test that needs a GPU: skipped on CPU-only machines (CI), run with ``pytest -m gpu`` where one is."""

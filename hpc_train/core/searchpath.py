@@ -1,7 +1,7 @@
 """Where a user's own configs are found, beside hpc_train's: cluster profiles, models, data, experiments.
 
-Each folder is laid out like ``hpc_train/conf`` (``cluster/<name>.yaml``, ``model/<name>.yaml``, ...) and is
-searched before hpc_train's own, so ``hpc-train cluster=<profile>`` works from any folder:
+Each folder is laid out like hpc_train's own ``conf/`` (``cluster/<name>.yaml``, ``model/<name>.yaml``, ...)
+and is searched before hpc_train's own, so ``hpc-train cluster=<profile>`` works from any folder:
 
 1. ``--config-dir DIR`` on the command line (Hydra's own flag), for a repository's ``conf/``;
 2. every folder in ``HPC_TRAIN_CONFIG_PATH`` (separated like PATH);

@@ -19,7 +19,7 @@ from hpc_train.config import ClusterConfig, control_character
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import BATCH_EXIT
 from hpc_train.core.textutil import format_table
-from hpc_train.dist import resolve_environment
+from hpc_train.distributed import resolve_environment
 from hpc_train.runtime.commands import SUPERVISOR, WORKER, srun_argv
 
 __all__ = [

@@ -7,7 +7,7 @@ import os
 import sys
 
 from hpc_train.core.rundir import RunDir
-from hpc_train.dist import DistEnv, detect_source
+from hpc_train.distributed import DistEnv, detect_source
 
 __all__ = ["setup_logging"]
 
@@ -41,4 +41,4 @@ def setup_logging(rd: RunDir, env: DistEnv, attempt: int) -> None:
     root.addHandler(file_handler)
     root.addHandler(console)
     _, why = detect_source(os.environ)
-    logging.getLogger("hpc_train.dist.env").info("rank resolution: source=%s (%s): %s", env.source, why, env)
+    logging.getLogger("hpc_train.distributed.env").info("rank resolution: source=%s (%s): %s", env.source, why, env)

@@ -24,7 +24,7 @@ from hpc_train.core.errors import LaunchError
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import at_step
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit, Outcome
 from hpc_train.train.stopping import signal_number
 

@@ -8,8 +8,8 @@ As under torchrun, the rendezvous store is not hosted by the script's rank 0 but
 the rank-0 worker, with TORCHELASTIC_USE_AGENT_STORE=True telling every script to connect as a client), and it
 stays up until every rank's script has exited. With rank 0's script hosting it, a rank 0 that finishes first
 takes the store down while the others are still tearing down their process groups, and they can abort
-("terminate called without an active exception"). The script runs through ``hpc_train.script_boot``, which
-also frees DDP's process group before the interpreter shuts down (the same abort, from torch itself).
+("terminate called without an active exception"). The script runs through ``hpc_train.runtime.script_boot``,
+which also frees DDP's process group before the interpreter shuts down (the same abort, from torch itself).
 
 How a rank's script run ends (the exit contract):
 - no stop signal reached the rank and the script exited 0: completed;
@@ -40,7 +40,7 @@ from hpc_train.config import ClusterConfig, Config, ScriptConfig
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
 from hpc_train.core.state import RankState
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit
 from hpc_train.train.stopping import StopSignals, signal_number
 

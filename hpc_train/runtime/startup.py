@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from hpc_train.config import Config
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 from hpc_train.train.stopping import EARLY_STOP_SIGNALS, StopSignals
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Startup:
         """Size torch's thread pool to the task's CPUs and pick this rank's device."""
         import torch
 
-        from hpc_train.dist import auto_uses_cuda, select_device
+        from hpc_train.distributed import auto_uses_cuda, select_device
 
         torch.set_num_threads(cfg.cluster.cpus_per_task)
         use_cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and auto_uses_cuda(env))

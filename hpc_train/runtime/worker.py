@@ -21,7 +21,7 @@ from hpc_train.config import Config
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import plural
-from hpc_train.dist import DistEnv, resolve_environment
+from hpc_train.distributed import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, armed_fault
 from hpc_train.runtime.logs import setup_logging
 from hpc_train.runtime.outcome import Fit, Outcome
@@ -71,7 +71,7 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
 
 
 def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup) -> Fit:
-    from hpc_train.dist import distributed
+    from hpc_train.distributed import distributed
 
     device = startup.device(cfg, env)
     fault = armed_fault(attempt=attempt)
@@ -115,7 +115,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
     """Every rank's host, device and rendezvous address, with the attempt: in rank 0's log and in the run dir."""
     import logging
 
-    from hpc_train.dist import format_rank_table, gather_rank_table
+    from hpc_train.distributed import format_rank_table, gather_rank_table
 
     rows = gather_rank_table(env, device)
     if env.is_main:

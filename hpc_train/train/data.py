@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from hpc_train.config import DataConfig
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 
 __all__ = [
     "SYNTHETIC_VERSION",

@@ -9,7 +9,7 @@ import torch
 
 from hpc_train.config import Config
 from hpc_train.core.rundir import RunDir
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 
 __all__ = ["Observer"]
 

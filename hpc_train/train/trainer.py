@@ -27,7 +27,7 @@ from hpc_train.core.errors import ConfigError, Diverged
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import shows_progress_bar
-from hpc_train.dist import DistEnv
+from hpc_train.distributed import DistEnv
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,

@@ -120,7 +120,7 @@ def test_per_task_binding_gives_cuda_0() -> None:
     """Local rank 1 of 2 whose CUDA_VISIBLE_DEVICES holds only its own GPU trains on cuda:0, not cuda:1."""
     code = (
         "import torch\n"
-        "from hpc_train.dist import resolve_environment, select_device\n"
+        "from hpc_train.distributed import resolve_environment, select_device\n"
         "env = resolve_environment()\n"
         "device = select_device(env, use_cuda=True)\n"
         "x = torch.ones(4, device=device) * 2\n"

@@ -263,7 +263,7 @@ def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
 def test_real_slurm_variables_resolve(tmp_path: Path) -> None:
     """Uneven layout (3 tasks on 2 nodes) and the outside-a-step error, on real SLURM_* variables."""
     probe = (
-        "import json; from hpc_train.dist import resolve_environment as r; e = r(); "
+        "import json; from hpc_train.distributed import resolve_environment as r; e = r(); "
         "print(json.dumps([e.rank, e.local_rank, e.local_world_size, e.node_rank, e.num_nodes, e.hostname, e.master_addr, e.master_port]))"
     )
     script = tmp_path / "probe.sbatch"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO
+from ..conftest import CONF, REPO
 from ..readme_examples import code_blocks
 
 pytestmark = pytest.mark.slow
@@ -42,13 +42,21 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert {p.name for p in REPO.iterdir()} <= before, "building wrote into the source tree (build/, *.egg-info)"
     (sdist,) = dist.glob("hpc_train-*.tar.gz")
     with tarfile.open(sdist) as tar:
-        names = tar.getnames()
-    assert any(n.endswith("hpc_train/conf/config.yaml") for n in names), "the sdist lacks the configs"
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}  # below hpc_train-<version>/
+    assert "conf/config.yaml" in names, "the sdist lacks the configs (conf/ at the top, as in the repository)"
     sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, sdist, cwd=base)
     (wheel,) = dist.glob("hpc_train-*.whl")
     with zipfile.ZipFile(wheel) as whl:
-        missing = {f"hpc_train/examples/{name}" for name in EXAMPLES} - set(whl.namelist())
+        shipped = set(whl.namelist())
+        shipped_init = whl.read("hpc_train/conf/__init__.py")
+    missing = {f"hpc_train/examples/{name}" for name in EXAMPLES} - shipped
     assert not missing, f"the wheel lacks the example scripts: {sorted(missing)}"
+    # The top-level conf/ is hpc_train/conf in the wheel: all of it, and its own __init__.py, not the checkout's
+    # hpc_train/conf/__init__.py (which only points an import at conf/).
+    conf = {f"hpc_train/conf/{p.relative_to(CONF).as_posix()}" for p in CONF.rglob("*") if p.is_file()}
+    conf = {n for n in conf if "__pycache__" not in n}
+    assert {n for n in shipped if n.startswith("hpc_train/conf/")} == conf
+    assert shipped_init == (CONF / "__init__.py").read_bytes()
     env_dir = base / "venv"
     sh(sys.executable, "-m", "venv", env_dir, cwd=base)
     pip = [env_dir / "bin" / "python", "-m", "pip", "install", "-q"]

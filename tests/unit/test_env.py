@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from hpc_train.core.errors import DistEnvironmentError
-from hpc_train.dist import PORT_BASE, PORT_SPAN, DistEnv, derive_port, resolve_environment
+from hpc_train.distributed import PORT_BASE, PORT_SPAN, DistEnv, derive_port, resolve_environment
 
 
 def slurm_task(
@@ -287,7 +287,7 @@ def test_none_reads_os_environ() -> None:
 
 
 def test_source_and_reason_are_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="hpc_train.dist.env"):
+    with caplog.at_level(logging.DEBUG, logger="hpc_train.distributed.env"):
         resolve_environment(torchrun_worker(0))
     assert "source=torchrun (TORCHELASTIC_RUN_ID is set)" in caplog.text
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.dist import expand_hostlist, parse_tasks_per_node
+from hpc_train.distributed import expand_hostlist, parse_tasks_per_node
 
 VALID = [
     ("node1", ["node1"]),

@@ -16,17 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {
     "core": set(),
     "config": {"core"},
-    "dist": {"core"},
-    "train": {"core", "config", "dist"},
-    "runtime": {"core", "config", "dist", "train"},
+    "distributed": {"core"},
+    "train": {"core", "config", "distributed"},
+    "runtime": {"core", "config", "distributed", "train"},
     # Callbacks for third-party trainers, imported by the user's script; nothing of ours imports them.
-    "integrations": {"core", "config", "dist", "train", "runtime"},
+    "integrations": {"core", "config", "distributed", "train", "runtime"},
     # Launchers start ranks; the ranks build the trainer. So launch stays clear of train (and of torch).
-    "launch": {"core", "config", "dist", "runtime"},
-    "tools": {"core", "config", "dist", "train", "runtime", "launch"},
-    "entry": {"core", "config", "dist", "train", "runtime", "launch", "tools"},
+    "launch": {"core", "config", "distributed", "runtime"},
+    "tools": {"core", "config", "distributed", "train", "runtime", "launch"},
+    "entry": {"core", "config", "distributed", "train", "runtime", "launch", "tools"},
     # Scripts a user runs (script.module=hpc_train.examples.x): user code, which may use any public part.
-    "examples": {"core", "config", "dist", "train", "runtime", "integrations", "launch", "tools", "entry"},
+    "examples": {"core", "config", "distributed", "train", "runtime", "integrations", "launch", "tools", "entry"},
 }
 
 
@@ -38,11 +38,12 @@ def layer_of(module: str) -> str:
     assert parts[0] == "hpc_train", module
     if len(parts) == 1:
         return "entry"  # the package itself
-    if parts[1] in ("core", "dist", "train", "runtime", "integrations", "launch", "tools", "examples"):
+    if parts[1] in ("core", "distributed", "train", "runtime", "integrations", "launch", "tools", "examples"):
         return parts[1]
     if parts[1] in ("config", "conf"):
         return "config"
-    return "entry"  # __main__ and the thin aliases users type (hpc_train.worker, hpc_train.jobs, ...)
+    # __main__ and the thin aliases users type (hpc_train.worker, hpc_train.jobs, hpc_train.dist, ...)
+    return "entry"
 
 
 def module_name(path: Path) -> str:
@@ -98,7 +99,7 @@ def test_every_module_has_a_layer_the_rule_knows() -> None:
     ("where", "source"),
     [
         ("hpc_train/core/rundir.py", "from hpc_train.config import Config\n"),
-        ("hpc_train/dist/env.py", "def f():\n    from hpc_train.launch.slurm import submit_slurm\n"),
+        ("hpc_train/distributed/env.py", "def f():\n    from hpc_train.launch.slurm import submit_slurm\n"),
         ("hpc_train/train/observe.py", "import hpc_train.tools.plot\n"),
         ("hpc_train/launch/sweep.py", "from hpc_train import __main__\n"),
         ("hpc_train/launch/local.py", "from hpc_train.train.trainer import Trainer\n"),

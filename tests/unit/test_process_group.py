@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.core.errors import DistEnvironmentError
-from hpc_train.dist import (
+from hpc_train.distributed import (
     DistEnv,
     auto_uses_cuda,
     distributed,

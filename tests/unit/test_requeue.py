@@ -15,8 +15,8 @@ import pytest
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.core.rundir import RunDir
-from hpc_train.dist import DistEnv
-from hpc_train.dist.process_group import init_distributed
+from hpc_train.distributed import DistEnv
+from hpc_train.distributed.process_group import init_distributed
 from hpc_train.runtime.requeue import refusal, requeue_target
 from hpc_train.train.stopping import StopSignals, signal_number
 

@@ -1,4 +1,4 @@
-"""hpc_train.script_boot runs a script as `python script.py` would, and frees distributed state at exit."""
+"""hpc_train.runtime.script_boot runs a script as `python script.py` would, and frees distributed state at exit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from pathlib import Path
 
 def boot(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hpc_train.script_boot", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+        [sys.executable, "-m", "hpc_train.runtime.script_boot", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
     )
 
 

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpc_train.config import DDPConfig, EarlyStoppingConfig, ScheduleConfig, ScriptConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
-from hpc_train.dist import distributed, resolve_environment
+from hpc_train.distributed import distributed, resolve_environment
 from hpc_train.runtime.script import torchrun_environment
 from hpc_train.train.early_stopping import EarlyStopping
 from hpc_train.train.models import build_model

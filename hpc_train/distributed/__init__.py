@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
-from hpc_train.dist.env import (
+from hpc_train.distributed.env import (
     PORT_BASE,
     PORT_SPAN,
     DistEnv,
@@ -30,14 +30,14 @@ from hpc_train.dist.env import (
 )
 
 if TYPE_CHECKING:
-    from hpc_train.dist.process_group import (
+    from hpc_train.distributed.process_group import (
         auto_uses_cuda,
         distributed,
         init_distributed,
         select_device,
         teardown_distributed,
     )
-    from hpc_train.dist.table import RankRow, format_rank_table, gather_rank_table
+    from hpc_train.distributed.table import RankRow, format_rank_table, gather_rank_table
 
 _LAZY = {
     "auto_uses_cuda": "process_group",
@@ -73,5 +73,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(f"hpc_train.dist.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'hpc_train.dist' has no attribute {name!r}")
+        return getattr(importlib.import_module(f"hpc_train.distributed.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'hpc_train.distributed' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.core.errors import DistEnvironmentError
-from hpc_train.dist.env import DistEnv
+from hpc_train.distributed.env import DistEnv
 
 __all__ = ["auto_uses_cuda", "distributed", "init_distributed", "select_device", "teardown_distributed"]
 

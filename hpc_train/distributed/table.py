@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.core.textutil import format_table
-from hpc_train.dist.env import DistEnv
+from hpc_train.distributed.env import DistEnv
 
 __all__ = ["RankRow", "format_rank_table", "gather_rank_table"]
 
