@@ -6,6 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,21 @@ CONF = REPO / "conf"
 
 gpu_test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 """Marks a test that needs a GPU: skipped on CPU-only machines (CI), run with ``pytest -m gpu`` where one is."""
+
+
+_SECONDS: defaultdict[str, float] = defaultdict(float)
+"""Seconds spent per test folder (setup, call and teardown), for the suite's time budget."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    _SECONDS[parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SECONDS:
+        spent = ", ".join(f"{folder} {seconds:.0f}s" for folder, seconds in sorted(_SECONDS.items()))
+        terminalreporter.write_line(f"test time per folder (summed over workers): {spent}")
 
 
 @pytest.fixture
@@ -61,3 +79,22 @@ def assert_bitwise_equal(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     different = [k for k in wa if not torch.equal(wa[k], wb[k])]
     assert not different, f"{different} differ: max {max((wa[k] - wb[k]).abs().max().item() for k in different)}"
+
+
+def wait_for_step(
+    out: Path, attempt: int, step: int, timeout: float = 240, alive: Callable[[], bool] = lambda: True
+) -> int:
+    """Wait until attempt ``attempt`` (counting from 1) of an example script writing into ``out`` has started and
+    its rank 0 has reached ``step``; returns the step reached. The example scripts (hpc_train/examples) record
+    each attempt's first step in ``starts.txt`` and the step reached in ``step.txt``. ``alive``: false once the
+    run has ended, which fails the wait at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        starts = (out / "starts.txt").read_text().split() if (out / "starts.txt").exists() else []
+        text = (out / "step.txt").read_text().strip() if (out / "step.txt").exists() else ""
+        reached = int(text) if text else 0  # read while rank 0 rewrites it: empty for a moment
+        if len(starts) >= attempt and reached >= step:
+            return reached
+        assert alive(), f"the run ended before attempt {attempt} reached step {step}: {starts}, {reached}"
+        assert time.monotonic() < deadline, f"attempt {attempt} never reached step {step}: {starts}, {reached}"
+        time.sleep(0.05)

@@ -2,6 +2,7 @@
 
     python -m hpc_train script.module=hpc_train.examples.preemptible_loop 'script.args=[--out,DIR]'
 
+Rank 0 records each attempt's first step (``starts.txt``) and the step reached (``step.txt``), for tests.
 The data of a step depends only on the step and the rank, so a run stopped and resumed ends with the same
 weights as one that was not. With ``--no-integration`` it never asks hpc_train anything: it saves every
 ``--save-every`` steps and dies of the preemption signal like any script would.
@@ -65,6 +66,9 @@ def main() -> None:
         optimizer.step()
         step += 1
         time.sleep(args.sleep)
+        if rank == 0:  # where the run is, for tests that signal it mid-run
+            with open(os.path.join(args.out, "step.txt"), "w") as f:
+                f.write(f"{step}\n")
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         if args.no_integration:
             if rank == 0 and step % args.save_every == 0:

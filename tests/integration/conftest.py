@@ -73,3 +73,18 @@ def submit_job(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> 
     proc = cli("hpc_train", *args, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return str(read_json(RunDir(run_dir).job_record)["job_id"])
+
+
+class Baseline:
+    """An uninterrupted job, submitted at once and waited for only when a test compares against it, so that it
+    runs beside the job the test interrupts (a 2 x 2 job takes 2 of a debug node's 4 CPUs)."""
+
+    def __init__(self, job_id: str, path: Path, timeout: float = 300) -> None:
+        self.job_id, self._path, self._timeout, self._done = job_id, path, timeout, False
+
+    def ready(self) -> Path:
+        """The baseline's path (its run dir or a file it wrote), once its job has COMPLETED."""
+        if not self._done:
+            assert wait_for_job(self.job_id, timeout=self._timeout) == "COMPLETED"
+            self._done = True
+        return self._path

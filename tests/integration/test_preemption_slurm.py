@@ -14,7 +14,7 @@ import pytest
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import assert_bitwise_equal
-from .conftest import SLURM_2X2, cli, submit_job, wait_for_job
+from .conftest import SLURM_2X2, Baseline, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -38,11 +38,9 @@ def submit(run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
     run_dir = tmp_path_factory.mktemp("baseline") / "run"
-    job_id = submit(run_dir)
-    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
-    return run_dir
+    return Baseline(submit(run_dir), run_dir)
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
@@ -52,7 +50,7 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
-def assert_requeued_and_exact(run_dir: Path, baseline: Path, job_id: str, requeued_by_us: bool) -> None:
+def assert_requeued_and_exact(run_dir: Path, baseline: Baseline, job_id: str, requeued_by_us: bool) -> None:
     assert wait_for_job(job_id, timeout=300) == "COMPLETED"
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=run_dir.parent).stdout)[0]
     assert status["state"] == "COMPLETED", status
@@ -61,14 +59,14 @@ def assert_requeued_and_exact(run_dir: Path, baseline: Path, job_id: str, requeu
     assert "resumed from" in log, log[-2000:]
     history = read_json(RunDir(run_dir).restarts)
     assert (history is not None) == requeued_by_us
-    assert_bitwise_equal(baseline, run_dir)  # the resumed run ends exactly where the uninterrupted one does
+    assert_bitwise_equal(baseline.ready(), run_dir)  # the resumed run ends exactly where the uninterrupted one does
 
 
 @pytest.mark.parametrize(
     ("submit_mode", "full"), [("submitit", False), ("sbatch", True)], ids=["submitit-steps", "sbatch-full"]
 )
 def test_usr2_at_a_random_step_requeues_and_resumes_exactly(
-    tmp_path: Path, baseline: Path, submit_mode: str, full: bool
+    tmp_path: Path, baseline: Baseline, submit_mode: str, full: bool
 ) -> None:
     """`scancel --signal=USR2 [--full]`: every rank checkpoints the same step, rank 0 requeues, the rerun is exact."""
     step = random.Random().randint(5, 80)
@@ -84,7 +82,7 @@ def test_usr2_at_a_random_step_requeues_and_resumes_exactly(
     print(f"stopped at step {history[0]['stopped_step']}; completed {time.monotonic() - signalled:.1f}s after USR2")
 
 
-def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Path) -> None:
+def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Baseline) -> None:
     """Slurm's own requeue sends SIGTERM (then SIGKILL after KillWait): the ranks checkpoint in between."""
     run_dir = tmp_path / "run"
     job_id = submit(run_dir)

@@ -26,7 +26,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir, read_json
 
-from ..conftest import REPO, assert_bitwise_equal
+from ..conftest import REPO, assert_bitwise_equal, wait_for_step
 from .conftest import cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
@@ -167,11 +167,8 @@ def test_killed_script_rank_without_spare_reuses_the_node(tmp_path: Path) -> Non
         f"script.path={LOOP}",
         f"script.args=[{args}]",
     )
-    deadline = time.monotonic() + 120
-    while not (out / "checkpoint.pt").exists():
-        assert time.monotonic() < deadline, "the script never saved"
-        time.sleep(0.05)
-    time.sleep(0.6)  # about step 30-40
+    wait_for_step(out, 1, 35)  # past its saves at steps 10, 20 and 30
+    assert (out / "checkpoint.pt").exists()
     worker = next(s for s in RunDir(run_dir).read_statuses().values() if s["host"] == "node2")
     script_pid = subprocess.run(["pgrep", "-P", str(worker["pid"])], capture_output=True, text=True).stdout.split()[0]
     os.kill(int(script_pid), signal.SIGKILL)

@@ -13,8 +13,8 @@ import torch
 
 from hpc_train.core.rundir import RunDir, read_json
 
-from ..conftest import REPO
-from .conftest import SLURM_2X2, cli, wait_for_job
+from ..conftest import REPO, wait_for_step
+from .conftest import SLURM_2X2, Baseline, cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -34,22 +34,17 @@ def submit_loop(root: Path, *extra: str) -> tuple[str, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
     job_id, _, out = submit_loop(tmp_path_factory.mktemp("baseline"))
-    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
-    return out / "final.pt"
+    return Baseline(job_id, out / "final.pt")
 
 
 @pytest.mark.parametrize("integration", [True, False], ids=["should_stop", "no-integration"])
 def test_preempted_script_is_requeued_and_resumes_from_its_own_save(
-    tmp_path: Path, baseline: Path, integration: bool
+    tmp_path: Path, baseline: Baseline, integration: bool
 ) -> None:
     job_id, run_dir, out = submit_loop(tmp_path, *([] if integration else ["--no-integration"]))
-    deadline = time.monotonic() + 180
-    while not (out / "starts.txt").exists():
-        assert time.monotonic() < deadline, "the loop never started"
-        time.sleep(0.2)
-    time.sleep(1.5)  # some 70 of its 200 steps
+    reached = wait_for_step(out, 1, 70)  # of its 200 steps
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     assert wait_for_job(job_id, timeout=300) == "COMPLETED"
@@ -61,6 +56,6 @@ def test_preempted_script_is_requeued_and_resumes_from_its_own_save(
     if integration:  # the loop reported its steps: the attempt's progress is known and matches its save
         assert history[0]["stopped_step"] == starts[1], history
     assert (run_dir / "logs" / "rank_0.restart1.log").exists()
-    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline))
+    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
     assert all(torch.equal(final[k], expected[k]) for k in expected), "the resumed run's weights differ"
-    print(f"USR2 at step ~70; resumed from step {starts[1]}; completed {took:.1f}s after the signal")
+    print(f"USR2 at step {reached}; resumed from step {starts[1]}; completed {took:.1f}s after the signal")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO, start_in_foreground
+from ..conftest import REPO, start_in_foreground, wait_for_step
 
 LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
@@ -40,11 +39,7 @@ def interrupted(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedPr
     """Start the run, Ctrl-C the launcher once the loop has made a few steps, wait for it to end."""
     out.mkdir(exist_ok=True)
     launcher = start_in_foreground(command(run_dir, out, *extra))
-    deadline = time.monotonic() + 120
-    while not (out / "starts.txt").exists():
-        assert time.monotonic() < deadline and launcher.poll() is None, "the loop never started"
-        time.sleep(0.1)
-    time.sleep(1.5)  # some 50 steps of 0.03 s
+    wait_for_step(out, 1, 50, timeout=120, alive=lambda: launcher.poll() is None)  # of its 120 steps
     launcher.send_signal(signal.SIGINT)
     out_text, err = launcher.communicate(timeout=120)
     return subprocess.CompletedProcess(launcher.args, launcher.returncode, out_text, err)

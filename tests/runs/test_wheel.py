@@ -6,7 +6,9 @@ Hydra plugins and both entry points (`hpc-train`, `python -m hpc_train`) must al
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -23,6 +25,8 @@ pytestmark = pytest.mark.slow
 TORCH = "torch==2.13.0"  # first, on its own: an unpinned torch would pull GBs of CUDA packages
 EXAMPLES = ["__init__.py", "ddp_tutorial.py", "hf_trainer.py", "lightning_script.py", "preemptible_loop.py"]
 """hpc_train/examples/: the scripts the README runs and points users to."""
+CACHE = Path(os.environ.get("HPC_TRAIN_TEST_CACHE", Path.home() / ".cache" / "hpc-train-tests"))
+"""Where the wheel test keeps its venv between sessions (see ``installed``)."""
 
 
 def sh(*argv: str | Path, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None) -> str:
@@ -57,12 +61,47 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     conf = {n for n in conf if "__pycache__" not in n}
     assert {n for n in shipped if n.startswith("hpc_train/conf/")} == conf
     assert shipped_init == (CONF / "__init__.py").read_bytes()
-    env_dir = base / "venv"
+    return installed(wheel, base)
+
+
+def installed(wheel: Path, base: Path) -> Path:
+    """A venv with ``wheel`` installed as a user installs it: ``pip install torch==2.13.0``, then the wheel.
+
+    Installing torch and the dependencies takes a minute, so the venv is kept in CACHE, keyed by what decides
+    its contents besides the wheel itself: the Python, the torch pin and the wheel's Requires-Dist lines. A kept
+    venv is used again only if its packages are still exactly those it was made with; the wheel is then
+    reinstalled into it (pip removes every file the previous build installed) and ``pip install wheel torch``
+    must find every dependency satisfied, as it would in a fresh venv.
+    """
+    with zipfile.ZipFile(wheel) as whl:
+        (metadata,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = sorted(line for line in whl.read(metadata).decode().splitlines() if line.startswith("Requires-Dist"))
+    key = hashlib.sha256("\n".join([sys.version, TORCH, *requires]).encode()).hexdigest()[:16]
+    env_dir, freeze = CACHE / f"venv-{key}", CACHE / f"venv-{key}.freeze"
+    python = env_dir / "bin" / "python"
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if freeze.is_file() and packages(python) == freeze.read_text() != "":
+        sh(*pip, "--force-reinstall", "--no-deps", wheel, cwd=base)
+        sh(*pip, wheel, TORCH, cwd=base)
+        return env_dir
+    for old in CACHE.glob("venv-*"):  # another key's venv, or this one changed since it was made
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    CACHE.mkdir(parents=True, exist_ok=True)
     sh(sys.executable, "-m", "venv", env_dir, cwd=base)
-    pip = [env_dir / "bin" / "python", "-m", "pip", "install", "-q"]
     sh(*pip, TORCH, cwd=base)
     sh(*pip, wheel, TORCH, cwd=base)
+    freeze.write_text(packages(python))
     return env_dir
+
+
+def packages(python: Path) -> str:
+    """The venv's installed distributions and versions, hpc-train aside (it is reinstalled on every use)."""
+    argv = [str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"]
+    try:
+        listed = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
+    except (OSError, subprocess.SubprocessError):  # no venv there, or a broken one: made anew
+        return ""
+    return "\n".join(sorted(line for line in listed.splitlines() if not line.startswith("hpc-train=")))
 
 
 def clean_env() -> dict[str, str]:
