@@ -23,6 +23,12 @@ fi
 stop_testbed() { [ "$started_testbed" = 1 ] && slurm/testbed.sh stop || true; }
 trap stop_testbed EXIT
 
-# Every test by default (pyproject's testpaths keeps a plain `pytest` to the unit tests); arguments replace that.
-.venv/bin/python -m pytest --durations=25 -n 0 "${@:-tests}"
+# Every test by default; arguments replace that. The unit tests run in parallel (pytest-xdist, as a plain
+# `pytest` runs them); the local runs and the testbed's jobs one at a time: they share 2 cores and one cluster.
+if [ $# -gt 0 ]; then
+    .venv/bin/python -m pytest --durations=25 -n 0 "$@"
+else
+    .venv/bin/python -m pytest tests/unit
+    .venv/bin/python -m pytest --durations=25 -n 0 tests --ignore=tests/unit
+fi
 echo "test: finished in $((SECONDS - t0))s"
