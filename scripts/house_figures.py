@@ -3,7 +3,10 @@
 - the worker entry's length in lines;
 - the modules that know a run-directory file name: a string literal holding one (docstrings aside), or a
   folder name joined onto a path with ``/``;
-- the rank-state string literals ("starting", "running", ...) and the files they are in.
+- the rank-state string literals ("starting", "running", ...) and the files they are in;
+- (issue 24) untyped records: ``dict[str, Any]`` annotations and ``.get("key")`` reads in the package, and its
+  ``type: ignore`` comments; the config modules and their lengths; the attributes ``Trainer.__init__`` sets;
+  the lengths of the trainer and the supervisor.
 """
 
 from __future__ import annotations
@@ -72,6 +75,59 @@ def main() -> None:
     print(f"modules that know a run-dir file name: {len(knowing)}: {', '.join(knowing)}")
     where = ", ".join(f"{name} ({count})" for name, count in states.items())
     print(f"rank-state string literals: {sum(states.values())} in {len(states)} files: {where}")
+    records(root)
+
+
+def init_attributes(path: Path, cls: str) -> int:
+    """The distinct ``self.<name>`` that ``cls.__init__`` assigns in ``path``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            if init is None:
+                return 0
+            names = {
+                target.attr
+                for sub in ast.walk(init)
+                for target in (
+                    sub.targets
+                    if isinstance(sub, ast.Assign)
+                    else [sub.target]
+                    if isinstance(sub, ast.AnnAssign)
+                    else []
+                )
+                for target in ([*target.elts] if isinstance(target, ast.Tuple) else [target])
+                if isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            }
+            return len(names)
+    return 0
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def records(root: Path) -> None:
+    package = sorted(root.glob("hpc_train/**/*.py"))
+    texts = {p: p.read_text() for p in package}
+    untyped = sum(t.count("dict[str, Any]") for t in texts.values())
+    gets = sum(len(re.findall(r'\.get\("', t)) for t in texts.values())
+    ignores = {p.relative_to(root).as_posix(): t.count("type: ignore") for p, t in texts.items() if "type: ignore" in t}
+    print(f'dict[str, Any] annotations: {untyped}; .get("key") reads: {gets}')
+    top = ", ".join(f"{name} ({n})" for name, n in sorted(ignores.items(), key=lambda kv: -kv[1])[:4])
+    print(f"type: ignore: {sum(ignores.values())} in {len(ignores)} files; most in {top}")
+    config = [root / "hpc_train/config.py"] if (root / "hpc_train/config.py").exists() else []
+    config += sorted((root / "hpc_train/config").glob("*.py"))
+    sizes = ", ".join(f"{p.relative_to(root).as_posix()} {lines(p)}" for p in config)
+    print(f"config modules: {len(config)}, {sum(lines(p) for p in config)} lines: {sizes}")
+    trainer = root / "hpc_train/train/trainer.py"
+    supervisor = root / "hpc_train/runtime/supervisor.py"
+    print(
+        f"trainer: {lines(trainer)} lines, Trainer.__init__ sets {init_attributes(trainer, 'Trainer')} attributes;"
+        f" supervisor: {lines(supervisor)} lines"
+    )
 
 
 if __name__ == "__main__":
