@@ -34,8 +34,7 @@ register_configs()
 @hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
 def _app(raw: DictConfig) -> None:
     try:
-        cfg = config_from_dict(raw)
-        preflight(cfg)
+        cfg = preflight(config_from_dict(raw))  # checked against this machine and its files; script.path absolute
         run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
         # Before anything is written: a second launch into a run dir another one trains in is refused here.
         lease = claim_run_dir(cfg, run_dir)

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict
+from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict, resolve
 from hpc_train.core import owner
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
@@ -109,7 +109,7 @@ def write_config(
     _check_folders(run_dir)
     if secret_keys:
         make_private(run_dir.path, secret_keys)
-    text = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    text = OmegaConf.to_yaml(OmegaConf.structured(resolve(cfg)))  # the numbers the ranks will read
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
     if run_dir.config.exists() and not cfg.script.enabled:

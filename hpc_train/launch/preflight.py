@@ -1,10 +1,13 @@
-"""Checks that need more than the config itself, run once in the launcher before any rank starts.
+"""Checks that need more than the config itself, run once at submission, before anything is submitted or any
+rank starts.
 
-Config validation is pure (config in, errors out). These look at the machine and the user's code: whether the
-GPUs a local run asks for are here, and whether each ``_target_`` accepts the keys configured for it. Either
-mistake would otherwise surface on every rank, as a traceback, after start-up. Checks that depend on this
-machine (its GPUs, its CPU cores) live here, not in the config's own validation: a config is also read on the
-compute nodes and by ``jobs status``, where this machine is not the one that matters.
+Config validation is pure (config in, errors out). These look at the machine, its files and the user's code:
+whether the script and the executables named exist (``check_paths``), whether the GPUs and cores a local run
+asks for are here, and whether each ``_target_`` accepts the keys configured for it. Each mistake would
+otherwise surface on every rank, as a traceback, after start-up. Checks that depend on this machine live here,
+not in the config's own validation: a config is also read on the compute nodes, by the supervisor and by
+``jobs status``, where this machine and its files are not the ones that matter (a finished run's status does
+not depend on its script's executable still being on PATH).
 """
 
 from __future__ import annotations
@@ -12,26 +15,69 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpc_train.config import Config
+from hpc_train.config import Config, check_python, invalid
 from hpc_train.core.errors import ConfigError
 
-__all__ = ["check_cpus", "check_devices", "check_init_from", "check_targets", "preflight", "usable_cores"]
+__all__ = [
+    "check_cpus",
+    "check_devices",
+    "check_init_from",
+    "check_paths",
+    "check_targets",
+    "preflight",
+    "script_file",
+    "usable_cores",
+]
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 
-def preflight(cfg: Config) -> None:
-    """Every pre-launch check; ConfigError naming the key, the value and the fix."""
+def preflight(cfg: Config) -> Config:
+    """Every pre-launch check; ConfigError naming the key, the value and the fix. Returns ``cfg`` as it is
+    launched and saved (``check_paths``: script.path absolute)."""
+    cfg = check_paths(cfg)
     check_devices(cfg)
     check_cpus(cfg)
     check_targets(cfg)
     check_init_from(cfg)
+    return cfg
+
+
+def check_paths(cfg: Config) -> Config:
+    """The checks against this machine's files, at submission (a local run, a Slurm job, a dry run, each element
+    of a sweep), never when a saved config is loaded: a Slurm cluster.python holding a space must be one file
+    (not a wrapper, see ``check_python``), script.command an executable on PATH, script.path a file. Returns
+    ``cfg`` with script.path made absolute, links resolved: the ranks run it from their own folder."""
+    if cfg.cluster.launcher == "slurm":
+        check_python(cfg.cluster.python, is_file=lambda path: Path(path).is_file())
+    script = cfg.script
+    if script.command and shutil.which(os.path.expanduser(script.command)) is None:
+        raise invalid(
+            "script.command",
+            script.command,
+            "not an executable on PATH (nor an executable file)",
+            "install it into this environment, or give its full path, e.g. script.command=$HOME/bin/train",
+        )
+    if not script.path:
+        return cfg
+    return replace(cfg, script=replace(script, path=script_file(script.path)))
+
+
+def script_file(path: str) -> str:
+    """``script.path`` as the ranks run it: absolute, ``~`` expanded, links resolved; ConfigError when it names
+    no file."""
+    found = Path(path).expanduser()
+    if not found.is_file():
+        raise invalid("script.path", path, "no such file", "give the path of your script, e.g. script.path=train.py")
+    return str(found.resolve())
 
 
 def check_init_from(cfg: Config) -> None:

@@ -22,7 +22,7 @@ from hpc_train.config import Config, config_from_dict, environment_keys
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
-from hpc_train.launch.preflight import preflight
+from hpc_train.launch.preflight import check_paths, preflight
 
 __all__ = ["launch_sweep"]
 
@@ -56,7 +56,7 @@ def launch_sweep(
     setup_globals()
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
     with exit_plainly(" in the sweep"):
-        typed = [config_from_dict(c) for c in sweep_configs]
+        typed = [check_paths(config_from_dict(c)) for c in sweep_configs]  # every element, before the first runs
         if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.submit != "here":
             _check_one_request(typed)
             for element in typed:

@@ -31,6 +31,7 @@ from hpc_train.config import (
 )
 from hpc_train.core.errors import ConfigError, LaunchError
 from hpc_train.core.rundir import RunDir
+from hpc_train.launch.preflight import check_paths
 from hpc_train.launch.state import JobState, job_state
 
 __all__ = ["Run", "compose_config", "submit"]
@@ -39,7 +40,8 @@ POLL_S = 1.0
 
 
 def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Config:
-    """The validated config ``python -m hpc_train <overrides>`` would run; raises ConfigError."""
+    """The validated config ``python -m hpc_train <overrides>`` would run; raises ConfigError. Its paths are
+    checked against this machine's files, as a submission checks them (``check_paths``)."""
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -52,7 +54,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
             raw = compose(config_name="config", overrides=[*overrides, *extra])
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-    return config_from_dict(raw)
+    return check_paths(config_from_dict(raw))
 
 
 @dataclass

@@ -74,6 +74,30 @@ def test_dry_run_without_slurm_says_what_it_did_not_check(tmp_path: Path) -> Non
     assert "dry run did NOT check the request: no Slurm answers here" in proc.stdout
 
 
+def test_paths_are_checked_before_any_submission(tmp_path: Path) -> None:
+    """script.path and script.command are looked up on this machine before anything is submitted: a Slurm dry
+    run and each element of a sweep too (a saved config is not checked so when it is loaded: test_config)."""
+    for args, said in [
+        (
+            [
+                "cluster=slurm",
+                "cluster.dry_run=true",
+                "script.command=no-such-trainer-cmd",
+                f"hydra.run.dir={tmp_path}/r",
+            ],
+            "config error: script.command='no-such-trainer-cmd' is invalid: not an executable on PATH",
+        ),
+        (
+            ["-m", "trainer.lr=0.1,0.2", "script.path=missing.py", f"hydra.sweep.dir={tmp_path}/sweep"],
+            "config error in the sweep, nothing was submitted: script.path='missing.py' is invalid: no such file",
+        ),
+    ]:
+        proc = run(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "config.yaml").exists() and not list(tmp_path.glob("sweep/*/config.yaml"))
+
+
 def test_a_group_of_your_own_gets_the_plus_hint(tmp_path: Path) -> None:
     from hpc_train.config import check_overrides
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from hpc_train.config import (
     SGDConfig,
     config_from_dict,
     load_config,
+    resolve,
 )
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.rundir import RunDir
@@ -286,3 +290,81 @@ def test_a_finished_run_without_a_checkpoint_is_not_trained_again(tmp_path: Path
     run_dir.checkpoint(10).parent.mkdir(parents=True)
     run_dir.checkpoint(10).write_bytes(b"state")
     write_config(composed("trainer.max_steps=50"), run_dir)
+
+
+def test_checks_change_no_value_and_resolve_fills_in_a_copy() -> None:
+    """A config's checks mutate nothing: cluster.tasks_per_node=0 ("one task per GPU") stays 0 in the schema
+    Hydra starts from, so a profile's gpus_per_node picks the task count; ``resolve`` (at load) fills it in."""
+    cluster = ClusterConfig(launcher="slurm", gpus_per_node=4)
+    assert (cluster.tasks_per_node, cluster.ranks_per_node, cluster.world_size) == (0, 4, 4)
+    cfg = Config(cluster=cluster, model=MLPConfig(), optim=AdamWConfig())
+    assert resolve(cfg).cluster.tasks_per_node == 4 and cfg.cluster.tasks_per_node == 0
+    assert resolve(resolve(cfg)) == resolve(cfg)
+    assert OmegaConf.structured(Config).cluster.tasks_per_node == 0  # what register_configs stores, as declared
+    raw = OmegaConf.to_container(OmegaConf.structured(cfg))
+    assert isinstance(raw, dict)
+    before = copy.deepcopy(raw)
+    assert config_from_dict(raw).cluster.tasks_per_node == 4 and raw == before
+    assert composed("cluster=slurm", "cluster.gpus_per_node=4").cluster.tasks_per_node == 4
+    assert composed("cluster=slurm").cluster.tasks_per_node == 1
+
+
+def test_a_saved_config_loads_without_its_script_but_submission_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading a saved config.yaml (every rank, the supervisor, `jobs status`) looks at no file: a finished run
+    whose script.command is no longer on PATH, or whose script.path was deleted, still loads. Submitting the same
+    config is refused, naming the key, the value and the fix."""
+    from hpc_train.launch.preflight import check_paths
+
+    bin_dir, script = tmp_path / "bin", tmp_path / "train.py"
+    bin_dir.mkdir()
+    (bin_dir / "my-trainer").write_text("#!/bin/sh\n")
+    (bin_dir / "my-trainer").chmod(0o755)
+    script.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    by_command, by_path = RunDir(tmp_path / "by_command"), RunDir(tmp_path / "by_path")
+    for run_dir, override in [(by_command, "script.command=my-trainer"), (by_path, f"script.path={script}")]:
+        run_dir.path.mkdir()
+        write_config(composed(override), run_dir)
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # the executable is gone from PATH, the script deleted
+    script.unlink()
+    for run_dir in (by_command, by_path):
+        saved = run_dir.config.read_text()
+        assert load_config(run_dir.config).cluster.world_size == 2  # what `jobs status` reads
+        assert run_dir.config.read_text() == saved
+    assert load_config(by_path.config).script.path == str(script.resolve())
+
+    with pytest.raises(
+        ConfigError,
+        match=r"^script\.command='my-trainer' is invalid: not an executable on PATH .*HINT: install it into this",
+    ):
+        check_paths(load_config(by_command.config))
+    with pytest.raises(
+        ConfigError,
+        match=rf"^script\.path={re.escape(repr(str(script.resolve())))} is invalid: no such file\. HINT: give the path",
+    ):
+        check_paths(load_config(by_path.config))
+    with pytest.raises(ConfigError, match=r"^script\.command='my-trainer' is invalid: not an executable on PATH"):
+        composed("script.command=my-trainer")  # as `python -m hpc_train` would check it before submitting
+
+
+def test_a_wrapper_in_cluster_python_is_refused_where_the_files_are_seen(tmp_path: Path) -> None:
+    """A cluster.python with a space is one file (a path such as /home/J Doe/...) or a wrapper. Submission looks
+    at the file; a config read elsewhere goes by the spelling (a path has a slash), so it loads anywhere."""
+    from hpc_train.config import hydra_quoted
+
+    python = tmp_path / "J Doe" / "python"
+    python.parent.mkdir()
+    python.touch()
+    assert composed("cluster=slurm", f"cluster.python={hydra_quoted(str(python))}").cluster.python == str(python)
+    wrapper = "apptainer exec --nv /images/img.sif python"
+    with pytest.raises(
+        ConfigError, match=r"^cluster\.python=.*HINT:.*container='apptainer exec --nv /images/img\.sif'"
+    ):
+        composed("cluster=slurm", f"cluster.python={hydra_quoted(wrapper)}")
+    saved = OmegaConf.to_container(OmegaConf.structured(composed("cluster=slurm")))
+    assert isinstance(saved, dict)
+    saved["cluster"]["python"] = wrapper
+    assert config_from_dict(saved).cluster.python == wrapper  # loaded: not this machine's files to judge

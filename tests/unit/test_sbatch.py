@@ -22,7 +22,8 @@ HOSTILE = "a$(touch x);`touch x`'q\"d"
 
 
 def slurm(**overrides: object) -> ClusterConfig:
-    return ClusterConfig(launcher="slurm", **overrides)  # type: ignore[arg-type]
+    """A Slurm cluster as a loaded config holds it: tasks_per_node=0 resolved to one task per GPU."""
+    return ClusterConfig(launcher="slurm", **overrides).resolved()  # type: ignore[arg-type]
 
 
 def golden_cluster() -> ClusterConfig:

@@ -173,7 +173,10 @@ def test_trainer_rules(overrides: list[str], message: str) -> None:
 def test_script_path_is_made_absolute(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "train.py").write_text("")
     monkeypatch.chdir(tmp_path)
-    assert ScriptConfig(path="train.py").path == str(tmp_path / "train.py")
+    from hpc_train.launch.preflight import script_file
+
+    assert script_file("train.py") == str(tmp_path / "train.py")  # at submission (check_paths)
+    assert ScriptConfig(path="train.py").path == "train.py"  # building a config changes no value it was given
 
 
 def test_global_batch_counts_accumulation() -> None:

@@ -1,0 +1,368 @@
+"""The ``cluster`` group: where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+import warnings
+from collections.abc import Callable
+from dataclasses import MISSING as MISSING_FACTORY
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from hpc_train.config.checks import INT32_MAX, INT64_MAX, SLURM_U16_MAX, YEAR_MIN, YEAR_S, Checked, invalid, shell_words
+from hpc_train.config.sizes import is_mem_size
+
+__all__ = [
+    "GPU_BINDINGS",
+    "HOSTLIST_KEYS",
+    "LAUNCHERS",
+    "MANAGED_SBATCH_FLAGS",
+    "SLURM_ONLY",
+    "STOP_SIGNALS",
+    "SUBMIT_MODES",
+    "ClusterConfig",
+    "check_python",
+]
+
+STOP_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
+"""What ``cluster.signal`` may be: signals that sbatch's --signal knows by name and a rank can catch as a notice to
+checkpoint and stop. Slurm's other names are refused: KILL and STOP cannot be caught; TSTP, TTIN, TTOU and CONT
+stop or resume a process, URG comes with a socket's urgent data, ABRT reports a crash, and ALRM belongs to
+timers in user code, so treating any of them as a stop request would be wrong."""
+_UNCATCHABLE = ("KILL", "STOP")
+
+LAUNCHERS = ("local", "debug", "slurm")
+
+HOSTLIST_KEYS = ("exclude",)
+"""ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
+SUBMIT_MODES = ("submitit", "sbatch", "here")
+GPU_BINDINGS = ("node", "task")
+# sbatch flags hpc_train sets itself from the keys named here (or refuses: ntasks, gres, error, wrap);
+# cluster.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
+# is here.
+MANAGED_SBATCH_FLAGS = {
+    "nodes": "cluster.nodes",
+    "ntasks": "cluster.nodes and cluster.tasks_per_node",
+    "ntasks-per-node": "cluster.tasks_per_node",
+    "cpus-per-task": "cluster.cpus_per_task",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus-per-task": "cluster.gpu_binding=task",
+    "gres": "cluster.gpus_per_node",
+    "mem": "cluster.mem",
+    "time": "cluster.timeout_min",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "constraint": "cluster.constraint",
+    "exclude": "cluster.exclude",
+    "job-name": "cluster.job_name",
+    "signal": "cluster.signal and cluster.signal_lead_s",
+    "requeue": "cluster.max_restarts (hpc_train requeues after the preemption signal)",
+    "array": "a multirun (-m) sweep",
+    "output": "the run directory",
+    "error": "the run directory",
+    "open-mode": "the run directory",
+    "wrap": "the generated script",
+}
+SLURM_ONLY = (
+    "submit",
+    "dry_run",
+    "wait",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "exclude",
+    "mem",
+    "gpu_binding",
+    "sbatch_args",
+    "setup",
+    "srun_args",
+    "python",
+    "container",
+    "array_parallelism",
+    "job_name",
+    "srun_wait_s",
+    "signal_lead_s",
+    "max_restarts",
+    "max_stalled_restarts",
+    "spare_nodes",
+    "max_failures",
+    "max_stalled_failures",
+)
+"""Keys only a Slurm job uses: set on a local or debug run, they are ignored with a warning."""
+
+
+@dataclass
+class ClusterConfig(Checked):
+    """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
+
+    _group: ClassVar[str] = "cluster"
+    _raw_shell: ClassVar[tuple[str, ...]] = ("setup", "facts")
+
+    launcher: str = "local"
+    """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
+    nodes: int = 1
+    """Number of nodes."""
+    tasks_per_node: int = 0
+    """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs (``ranks_per_node``; a
+    loaded config holds the number picked, see ``hpc_train.config.resolve``)."""
+    gpus_per_node: int = 0
+    """GPUs per node; 0 runs on CPU with gloo."""
+    cpus_per_task: int = 1
+    """CPU cores per rank; also the number of torch threads each rank uses. A local or debug run may ask for at
+    most the cores this machine lets it use (checked before launch)."""
+    timeout_min: float = 60.0
+    """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
+    failure_grace_s: float = 15.0
+    """After one rank fails, how long the others get to exit on their own before they are killed."""
+    # ---- Slurm only ----
+    submit: str = "submitit"
+    """submitit: through submitit's SlurmExecutor; sbatch: a standalone script in the run dir, submitted with
+    sbatch; here: no new job, train in the allocation this shell holds (salloc), with srun on its nodes."""
+    dry_run: bool = False
+    """Write and print the sbatch script and the expected rank table; submit nothing."""
+    wait: bool = False
+    """Follow rank 0's log until the job ends and exit with its outcome (default: print the job id and return)."""
+    partition: str = ""
+    """Slurm partition ('' = the cluster's default)."""
+    account: str = ""
+    """Account to charge ('' = your default)."""
+    qos: str = ""
+    """Quality of service ('' = default)."""
+    constraint: str = ""
+    """Node features required, e.g. 'a100&ib' ('' = none)."""
+    exclude: str = ""
+    """Nodes to avoid, as a hostlist ('' = none)."""
+    mem: str = ""
+    """Memory per node, e.g. '64G'; '0' asks for all of it ('' = the cluster's default)."""
+    job_name: str = "hpc_train"
+    """Job name shown by squeue."""
+    gpu_binding: str = "node"
+    """node: every task sees all GPUs of its node and takes cuda:<local rank>; task: one GPU per task (--gpus-per-task=1)."""
+    sbatch_args: dict[str, str] = field(default_factory=dict)
+    """Extra sbatch flags without the dashes, e.g. {mail-type: END}; '' as a value gives a bare flag."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before srun, as written: 'source $HOME/venvs/train/bin/activate', 'module load cuda/12.4
+    && module load nccl', 'export DATA=$SCRATCH/imagenet', 'conda activate train'. They are your own shell code,
+    so $VARS expand and && or pipes work; hpc_train quotes every other value it writes into the script."""
+    python: str = ""
+    """The Python that runs the ranks on the compute nodes ('' = the one running `python -m hpc_train` now)."""
+    container: str = ""
+    """A wrapper command put before that Python, split like a shell would: 'apptainer exec --nv img.sif' or
+    'singularity exec --nv img.sif'. It wraps the batch step (the supervisor, which runs srun: the image needs
+    Slurm's commands, e.g. bound in) and every training step. For pyxis/enroot, give srun's own flags instead:
+    cluster.srun_args=[--container-image=nvcr.io#nvidia/pytorch:24.05-py3]."""
+    srun_args: list[str] = field(default_factory=list)
+    """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
+    srun_wait_s: int = 60
+    """srun --wait: after the first task ends, the others get this long before srun kills them."""
+    signal: str = "USR2"
+    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
+    which every rank catches as its notice to checkpoint and stop."""
+    signal_lead_s: int = 90
+    """How long before the time limit the signal comes."""
+    array_parallelism: int = 0
+    """For sweeps: how many array elements may run at once (0: no limit)."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
+    CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
+    against these facts where it does not (a dry run on a laptop). Empty: nothing recorded."""
+    max_restarts: int = 10
+    """After the preemption signal the job checkpoints and requeues itself, at most this many times."""
+    max_stalled_restarts: int = 2
+    """Requeues in a row that may end without a new step; one more and requeueing stops with an error."""
+    spare_nodes: int = 0
+    """Spare nodes: the job asks Slurm for nodes + spare_nodes and trains on `nodes` of them. A node blamed for a
+    failure (a rank on it killed, the node lost, a frozen rank) is left out of the next attempt. With spares the
+    job is submitted with --no-kill, so that a lost node does not end the allocation."""
+    max_failures: int = 5
+    """In-allocation restarts: after a failure worth retrying (a rank killed, a node lost, a collective error,
+    a hang), the job starts training again in the same allocation, from the newest checkpoint, at most this
+    many times per allocation (0: a failure ends the job; a requeued job counts afresh)."""
+    max_stalled_failures: int = 1
+    """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
+
+    def __post_init__(self) -> None:
+        self._refuse_control_characters()
+        self._one_of("launcher", LAUNCHERS)
+        # Before tasks_per_node=0 is read from it: a bad value is reported under the key the user typed.
+        self._bounded("gpus_per_node", 0, 128, "0 for CPU", why="torch's device index is 8 bits")
+        self._bounded("nodes", 1, INT32_MAX, 1, why="2**31-1: torch numbers ranks with a C int")
+        if self.tasks_per_node != 0:  # 0: one task per GPU (ranks_per_node)
+            self._bounded("tasks_per_node", 1, SLURM_U16_MAX, 1, why="Slurm keeps it in 16 bits")
+        self._bounded("cpus_per_task", 1, SLURM_U16_MAX, 1, why="Slurm keeps it in 16 bits")
+        self._require(
+            self.world_size <= INT32_MAX,
+            "nodes",
+            f"{self.nodes} nodes x {self.ranks_per_node} tasks per node is more ranks than torch can number "
+            f"(at most 2**31-1)",
+            "use fewer nodes or tasks per node",
+        )
+        self._bounded("timeout_min", 0.0, YEAR_MIN, 60, above=True, why="365 days")
+        self._bounded("failure_grace_s", 0.0, YEAR_S, 15, why="365 days")
+        self._check_signal()
+        if self.gpus_per_node:  # on every launcher: the local one gives its ranks gpus_per_node GPUs too
+            self._require(
+                self.ranks_per_node <= self.gpus_per_node,
+                "tasks_per_node",
+                f"{self.ranks_per_node} tasks per node would share {self.gpus_per_node} GPUs (NCCL needs one GPU per rank)",
+                f"set cluster.tasks_per_node={self.gpus_per_node} (or 0 for one task per GPU)",
+            )
+        if self.launcher in ("local", "debug"):
+            self._require(
+                self.nodes == 1,
+                "nodes",
+                f"the {self.launcher} launcher runs on this machine only",
+                "set cluster.nodes=1, or use cluster=slurm for several nodes",
+            )
+            self._warn_ignored()
+        if self.launcher == "debug":
+            self._require(
+                self.ranks_per_node == 1,
+                "tasks_per_node",
+                "the debug launcher runs one process, in the foreground, for pdb",
+                "set cluster.tasks_per_node=1, or use cluster=local for several ranks",
+            )
+        if self.launcher == "slurm":
+            self._check_slurm()
+
+    def _check_slurm(self) -> None:
+        self._one_of("submit", SUBMIT_MODES)
+        self._one_of("gpu_binding", GPU_BINDINGS)
+        for key in HOSTLIST_KEYS:
+            self._check_hostlist(key)
+        if self.gpu_binding == "task":
+            self._require(
+                self.gpus_per_node > 0 and self.ranks_per_node == self.gpus_per_node,
+                "gpu_binding",
+                "per-task binding gives each of tasks_per_node tasks one of gpus_per_node GPUs, so both must be equal and > 0",
+                "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.gpu_binding=node",
+            )
+        self._require(
+            not self.mem or is_mem_size(self.mem),
+            "mem",
+            "must be a size such as 500M, 64G or 0 (all of the node's memory)",
+            "e.g. cluster.mem=64G",
+        )
+        self._bounded("signal_lead_s", 0, 0xFFFF, 90, why="sbatch --signal takes at most 65535 seconds")
+        self._require(
+            self.signal_lead_s < self.timeout_min * 60,
+            "signal_lead_s",
+            f"must be shorter than the time limit (cluster.timeout_min={self.timeout_min:g})",
+            "e.g. cluster.signal_lead_s=90",
+        )
+        self._bounded("srun_wait_s", 0, YEAR_S, 60, why="365 days")
+        for key in ("array_parallelism", "spare_nodes"):
+            self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
+        self._require(
+            self.allocated_nodes <= INT32_MAX,
+            "spare_nodes",
+            f"cluster.nodes={self.nodes} plus {self.spare_nodes} spare nodes is more than Slurm can count (2**31-1)",
+            "use fewer spare nodes, e.g. cluster.spare_nodes=1",
+        )
+        for key in ("max_restarts", "max_stalled_restarts", "max_failures", "max_stalled_failures"):
+            self._bounded(key, 0, INT64_MAX, 0, why="2**63-1")
+        for flag in self.sbatch_args:
+            managed = MANAGED_SBATCH_FLAGS.get(flag)
+            self._require(managed is None, "sbatch_args", f"--{flag} is set by hpc_train", f"use {managed} instead")
+            self._require(
+                re.fullmatch(r"[a-z][a-z0-9-]*", flag) is not None,
+                "sbatch_args",
+                f"{flag!r} is not an sbatch flag name",
+                "give flag names without dashes, e.g. cluster.sbatch_args={mail-type: END}",
+            )
+        check_python(self.python, is_file=lambda path: "/" in path)  # submission looks at the file itself
+        self._require(
+            bool(self.container.strip()) == bool(shell_words(self.container)),
+            "container",
+            "cannot be split into words (unbalanced quotes?)",
+            "e.g. cluster.container='apptainer exec --nv img.sif'",
+        )
+        for line in self.setup:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                words, problem = [], str(exc)
+            else:
+                problem = "it is empty"
+            self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+
+    def _check_signal(self) -> None:
+        """cluster.signal is one every rank catches as its notice to checkpoint and stop (on every launcher: the
+        ranks install a handler for it, and a signal that cannot have one would fail each of them)."""
+        name = self.signal.upper().removeprefix("SIG")
+        if name in STOP_SIGNALS:
+            return
+        close = difflib.get_close_matches(name, STOP_SIGNALS, n=1)
+        if name in _UNCATCHABLE:
+            rule = f"SIG{name} cannot be caught, so no rank could checkpoint before it ends them"
+        else:
+            rule = f"must be a signal the ranks can catch as a stop notice: one of {', '.join(STOP_SIGNALS)}"
+        hint = f"did you mean {close[0]}? " if close and name not in _UNCATCHABLE else ""
+        self._require(False, "signal", rule, f"{hint}use cluster.signal=USR2 (or USR1, TERM)")
+
+    def _check_hostlist(self, key: str) -> None:
+        from hpc_train.core.hostlist import expand_hostlist
+
+        value = getattr(self, key)
+        if not value:
+            return
+        try:
+            expand_hostlist(value)
+        except ValueError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            self._require(False, key, f"not a Slurm hostlist ({reason})", f"e.g. cluster.{key}='\"node[07-08]\"'")
+
+    def _warn_ignored(self) -> None:
+        defaults = ClusterConfig.__dataclass_fields__
+        for key in SLURM_ONLY:
+            default = defaults[key]
+            value = default.default if default.default_factory is MISSING_FACTORY else default.default_factory()
+            if getattr(self, key) != value:
+                warnings.warn(f"cluster.{key} is ignored by cluster.launcher={self.launcher}", stacklevel=2)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """The ranks each node runs: tasks_per_node, where 0 means one per GPU (one on a CPU job)."""
+        return self.tasks_per_node or self.gpus_per_node or 1
+
+    def resolved(self) -> ClusterConfig:
+        """This cluster with tasks_per_node=0 replaced by the number it means: a copy (``self`` when there is
+        nothing to fill in), as a loaded config holds it (``hpc_train.config.resolve``)."""
+        if self.tasks_per_node == self.ranks_per_node:
+            return self
+        return replace(self, tasks_per_node=self.ranks_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def container_argv(self) -> list[str]:
+        """cluster.container as the words that go before the Python of the batch step and of every rank."""
+        return shell_words(self.container)
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes asked of Slurm: those that train and the spares."""
+        return self.nodes + self.spare_nodes
+
+
+def check_python(python: str, is_file: Callable[[str], bool]) -> None:
+    """cluster.python is one executable: one word, or the path of a file that holds a space
+    (``/home/J Doe/venv/bin/python``), not a wrapper such as ``apptainer exec img.sif python``, which would be
+    quoted as part of the executable's name. ``is_file`` tells such a path from a wrapper: at submission by
+    looking at the file (``hpc_train.launch.preflight.check_paths``), in the config's own checks by its spelling
+    alone (a path holds a slash), so that a saved config validates the same on every machine."""
+    words = shell_words(python)
+    if len(words) <= 1 or is_file(python):
+        return
+    raise invalid(
+        "cluster.python",
+        python,
+        "must be one executable; a wrapper such as `apptainer exec` would be quoted as part of its name",
+        f"set cluster.python to the Python inside, and the wrapper as cluster.container='{shlex.join(words[:-1])}'",
+    )

@@ -1,0 +1,210 @@
+"""The whole job: ``Config`` holds one schema per group and checks the rules that span groups; ``resolve`` fills
+in the values derived from others; ``RESUME_SAFE_KEYS`` are the keys a resumed run may change.
+
+Nothing here mutates what it was given or looks at the filesystem: a saved config.yaml validates the same
+on every rank, in the supervisor and in ``jobs status``. Checks against this machine's files run at submission
+(``hpc_train.launch.preflight``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from omegaconf import MISSING
+
+from hpc_train.config.checks import Checked, shell_words
+from hpc_train.config.cluster import ClusterConfig
+from hpc_train.config.options import CNNConfig, TransformerConfig
+from hpc_train.config.training import DataConfig, TrainerConfig
+from hpc_train.core.errors import ConfigError
+
+__all__ = ["RESUME_SAFE_KEYS", "Config", "ScriptConfig", "resolve"]
+
+
+@dataclass
+class ScriptConfig(Checked):
+    """Run your own torchrun-style script on every rank instead of the built-in trainer."""
+
+    _group: ClassVar[str] = "script"
+
+    path: str = ""
+    """A Python file to run on every rank (made absolute, links resolved, when the run is submitted)."""
+    module: str = ""
+    """Or a module to run with python -m."""
+    command: str = ""
+    """Or an executable (a console entry point such as ``deepliif``, or a path), run as it is, like torchrun's
+    --no-python; it must be found on PATH when the run is submitted."""
+    args: Any = field(default_factory=list)
+    """Its command-line arguments: a list (script.args=[--epochs,3]), or one string split like a shell would
+    (script.args='--tag "a,b" --lr=1e-3'), or everything after a lone -- on the command line
+    (hpc-train script.path=train.py -- --tag "a,b" --lr=1e-3)."""
+
+    def __post_init__(self) -> None:
+        self._refuse_control_characters()
+        given = [key for key in ("path", "module", "command") if getattr(self, key)]
+        self._require(
+            len(given) <= 1,
+            given[-1] if given else "path",
+            f"give one of script.path, script.module and script.command, not {' and '.join(given)}",
+            "drop all but one",
+        )
+        self._require(
+            (isinstance(self.args, Sequence) and not isinstance(self.args, str))
+            or (isinstance(self.args, str) and (not self.args.strip() or bool(shell_words(self.args)))),
+            "args",
+            "must be a list of words, or one string that splits like a shell command line (balanced quotes)",
+            "script.args='--tag \"a,b\" --lr=1e-3', or put the arguments after -- at the end of the command line",
+        )
+        # Whether script.path is a file and script.command is on PATH is checked at submission, against the
+        # files there (hpc_train.launch.preflight.check_paths): not here, where a saved config is read again.
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.path or self.module or self.command)
+
+    @property
+    def argv(self) -> list[str]:
+        """The script's arguments as words: a string is split like a shell would ([] if it cannot be)."""
+        if isinstance(self.args, str):
+            return shell_words(self.args)
+        return [str(a) for a in self.args]
+
+
+RESUME_SAFE_KEYS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.log_every_n_steps",
+    "trainer.val_every_n_steps",
+    "trainer.val_every_n_epochs",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.checkpoint_every_min",
+    "trainer.keep_checkpoints",
+    "trainer.divergence_steps",
+    "trainer.dist_timeout_s",
+    "trainer.preflight_timeout_s",
+    "trainer.watchdog_s",
+    "trainer.progress_bar",
+    "trainer.tensorboard",
+    "trainer.plots",
+    "trainer.profile_steps",
+    "trainer.early_stopping.patience",
+    "trainer.init_from",  # read only when the run dir has no checkpoint of its own
+    "cluster.timeout_min",
+    "cluster.failure_grace_s",
+    "cluster.submit",
+    "cluster.dry_run",
+    "cluster.wait",
+    "cluster.partition",
+    "cluster.account",
+    "cluster.qos",
+    "cluster.constraint",
+    "cluster.exclude",
+    "cluster.mem",
+    "cluster.job_name",
+    "cluster.sbatch_args",
+    "cluster.setup",
+    "cluster.python",
+    "cluster.container",
+    "cluster.srun_args",
+    "cluster.srun_wait_s",
+    "cluster.signal",
+    "cluster.signal_lead_s",
+    "cluster.array_parallelism",
+    "cluster.facts",
+    "cluster.max_restarts",
+    "cluster.max_stalled_restarts",
+    "cluster.spare_nodes",
+    "cluster.max_failures",
+    "cluster.max_stalled_failures",
+)
+"""Keys a resubmission of a run dir may change: they do not change what has been trained so far (how long to
+go on, how often to log and save, where and how the job is queued). Every other key is fixed by the run's
+first config.yaml: the model, data, optimizer, seed, batch and the shape of the job."""
+
+
+@dataclass
+class Config:
+    """The whole job. ``model`` and ``optim`` hold one of the schemas in MODEL_SCHEMAS / OPTIM_SCHEMAS."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: Any = MISSING
+    """One of MODEL_SCHEMAS, or your own model as {_target_: pkg.Net, ...} (a dict)."""
+    optim: Any = MISSING
+    script: ScriptConfig = field(default_factory=ScriptConfig)
+
+    def __post_init__(self) -> None:
+        shape = list(self.data.input_shape)
+        if isinstance(self.model, CNNConfig) and len(shape) != 3:
+            raise ConfigError(
+                f"data.input_shape={shape} does not suit model=cnn, which needs [channels, height, width]. "
+                "HINT: set data.input_shape=[3,32,32], or use model=mlp."
+            )
+        if isinstance(self.model, TransformerConfig) and len(shape) != 2:
+            raise ConfigError(
+                f"data.input_shape={shape} does not suit model=transformer, which needs [tokens, features]. "
+                "HINT: set data.input_shape=[16,49] (784 values as 16 tokens), or use model=mlp."
+            )
+        if (
+            self.trainer.device == "cuda"
+            and self.cluster.gpus_per_node == 0
+            and self.cluster.launcher != "debug"  # debug runs in this process and sees what this process sees
+            and not self.script.enabled
+        ):
+            raise ConfigError(
+                "trainer.device=cuda, but cluster.gpus_per_node=0 gives the ranks no GPU: the local launcher and "
+                "Slurm hide every GPU a job did not ask for. HINT: set cluster.gpus_per_node=1 (a GPU per rank: "
+                "the number of ranks on a node), or trainer.device=auto to train on the CPU."
+            )
+        world = self.cluster.world_size
+        no_gpu = self.trainer.device == "cpu" or not self.cluster.gpus_per_node
+        # (not on debug: it runs in this process, which may see this machine's GPUs)
+        if self.trainer.strategy == "dp" and no_gpu and self.cluster.launcher != "debug":
+            raise ConfigError(
+                "trainer.strategy=dp splits each batch over the GPUs of one process, but this run has no GPU "
+                f"(cluster.gpus_per_node={self.cluster.gpus_per_node}, trainer.device={self.trainer.device}): it "
+                "would train in one process, silently. HINT: for CPU parallelism use trainer.strategy=ddp with "
+                "cluster.tasks_per_node=N; or trainer.strategy=single for one process."
+            )
+        if self.trainer.strategy in ("dp", "single") and world != 1:
+            raise ConfigError(
+                f"trainer.strategy={self.trainer.strategy} runs one process, but the cluster asks for {world} ranks. "
+                "HINT: set cluster.tasks_per_node=1 (and cluster.nodes=1), or trainer.strategy=ddp."
+            )
+        if self.data.dataset is None:
+            self._check_synthetic_sizes(world)
+
+    def _check_synthetic_sizes(self, world: int) -> None:
+        per_rank = self.data.num_train // world
+        micro = self.trainer.batch_size * self.trainer.accumulate_grad_batches
+        if per_rank < micro and self.data.drop_last:
+            raise ConfigError(
+                f"trainer.batch_size={self.trainer.batch_size} x trainer.accumulate_grad_batches="
+                f"{self.trainer.accumulate_grad_batches} is more than the {per_rank} training samples each of "
+                f"{world} ranks gets (data.num_samples={self.data.num_samples}, data.val_fraction="
+                f"{self.data.val_fraction}), so with data.drop_last=true no step would run. HINT: lower "
+                "trainer.batch_size or raise data.num_samples."
+            )
+        if self.data.num_val and self.data.num_val < world:
+            raise ConfigError(
+                f"data.val_fraction={self.data.val_fraction} leaves {self.data.num_val} validation samples for "
+                f"{world} ranks; every rank needs at least one. HINT: raise data.val_fraction or data.num_samples, "
+                "or set data.val_fraction=0 to skip validation."
+            )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: per process x world size x accumulation."""
+        return self.trainer.batch_size * self.cluster.world_size * self.trainer.accumulate_grad_batches
+
+
+def resolve(cfg: Config) -> Config:
+    """``cfg`` with the values that follow from others filled in, as config.yaml saves them and the launchers and
+    ranks read them: ``cluster.tasks_per_node=0`` becomes the number of ranks it means (one per GPU, one on a
+    CPU job). A new Config; ``cfg`` is left as it was. (``trainer.early_stopping.mode=auto`` is kept as written:
+    ``EarlyStoppingConfig.direction`` reads it against the final monitor.)"""
+    cluster = cfg.cluster.resolved()
+    return cfg if cluster is cfg.cluster else replace(cfg, cluster=cluster)
