@@ -20,126 +20,140 @@ its last step when it completed (or still runs). Then, in seconds:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress
 
 __all__ = ["ledger"]
 
 
-def _num(record: Mapping[str, Any], key: str, default: float | None = None) -> float | None:
-    value = record.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
-def _time(record: Mapping[str, Any], key: str, now: float) -> float:
-    """A time stamp, ``now`` where it is missing (what is still running ends now)."""
-    value = _num(record, key)
-    return now if value is None else value
+def _resumed(progress: Progress | None) -> float | None:
+    """The step an attempt resumed from (None before it reported a step)."""
+    first = None if progress is None else _float(progress.first_step)
+    return None if first is None else first - 1
 
 
-class _Progress:
-    """One attempt's steps and their times, with the time of any step in between interpolated."""
+@dataclass(frozen=True)
+class _Steps:
+    """The steps of an attempt that made one: its first and latest with their times, and its latest checkpoint;
+    the time of any step in between is interpolated."""
 
-    def __init__(self, record: Mapping[str, Any]) -> None:
-        self.first_step = _num(record, "first_step")
-        self.first_time = _num(record, "first_time")
-        if not self.first_time:  # 0: no step yet
-            self.first_time = None
-        self.step = _num(record, "step")
-        self.time = _num(record, "time")
-        self.checkpoint = (_num(record, "checkpoint_step"), _num(record, "checkpoint_time"))
+    first_step: float
+    first_time: float
+    step: float
+    time: float
+    checkpoint_step: float | None
+    checkpoint_time: float | None
+
+    @staticmethod
+    def of(progress: Progress | None) -> _Steps | None:
+        """None for an attempt that made no step (first_time 0: none yet)."""
+        if progress is None:
+            return None
+        first_step, first_time, step, at = progress.first_step, progress.first_time, progress.step, progress.time
+        if first_step is None or not first_time or step is None or at is None:
+            return None
+        return _Steps(
+            first_step=float(first_step),
+            first_time=float(first_time),
+            step=float(step),
+            time=float(at),
+            checkpoint_step=_float(progress.checkpoint_step),
+            checkpoint_time=progress.checkpoint_time,
+        )
 
     @property
-    def stepped(self) -> bool:
-        return None not in (self.first_step, self.first_time, self.step, self.time)
-
-    @property
-    def resumed(self) -> float | None:
-        return None if self.first_step is None else self.first_step - 1
+    def resumed(self) -> float:
+        return self.first_step - 1
 
     @property
     def step_s(self) -> float:
         """The mean time of one step (0 when only one was made)."""
-        if not self.stepped or self.step <= self.first_step:  # type: ignore[operator]
+        if self.step <= self.first_step:
             return 0.0
-        return (self.time - self.first_time) / (self.step - self.first_step)  # type: ignore[operator]
+        return (self.time - self.first_time) / (self.step - self.first_step)
 
     @property
     def began(self) -> float:
         """When the first step began."""
-        return self.first_time - self.step_s  # type: ignore[operator]
+        return self.first_time - self.step_s
 
     def time_of(self, step: float) -> float:
-        if self.checkpoint[0] == step and self.checkpoint[1] is not None:
-            return self.checkpoint[1]
-        if step >= self.step:  # type: ignore[operator]
-            return self.time  # type: ignore[return-value]
-        return self.first_time + (step - self.first_step) * self.step_s  # type: ignore[operator]
+        if self.checkpoint_step == step and self.checkpoint_time is not None:
+            return self.checkpoint_time
+        if step >= self.step:
+            return self.time
+        return self.first_time + (step - self.first_step) * self.step_s
 
 
-def _allocation(attempt: Mapping[str, Any]) -> tuple[Any, Any]:
-    """Which allocation an attempt ran in: the job id and Slurm's restart count (a requeue keeps the id)."""
-    return attempt.get("job_id"), attempt.get("requeue", 0)
-
-
-def _kept(progress: _Progress, attempt: Mapping[str, Any], after: Mapping[str, Any] | None) -> float | None:
+def _kept(steps: _Steps | None, attempt: AttemptRecord, after: AttemptRecord | None) -> float | None:
     """The step the run kept from this attempt."""
-    if not progress.stepped:
+    if steps is None:
         return None
-    if after is not None:
-        resumed = _Progress(after.get("progress") or {}).resumed
-        if resumed is not None:
-            return min(resumed, progress.step)  # type: ignore[type-var]
-    if attempt.get("end") is None or attempt.get("outcome") in ("completed", "stopped"):
-        return progress.step
-    return progress.checkpoint[0] if progress.checkpoint[0] is not None else progress.resumed
+    resumed = _resumed(after.progress) if after is not None else None
+    if resumed is not None:
+        return min(resumed, steps.step)
+    if attempt.end is None or attempt.outcome in (AttemptOutcome.COMPLETED, AttemptOutcome.STOPPED):
+        return steps.step
+    return steps.checkpoint_step if steps.checkpoint_step is not None else steps.resumed
+
+
+def _until(end: float | None, now: float) -> float:
+    """An end time; ``now`` where there is none yet (what is still running ends now)."""
+    return now if end is None else end
 
 
 def ledger(
-    allocations: Sequence[Mapping[str, Any]], attempts: Sequence[Mapping[str, Any]], now: float | None = None
+    allocations: Sequence[Allocation], attempts: Sequence[AttemptRecord], now: float | None = None
 ) -> dict[str, Any]:
     """The ledger of a run (what ``status/goodput.json`` holds)."""
     now = time.time() if now is None else now
-    wall = sum(max(0.0, _time(a, "end", now) - _time(a, "start", now)) for a in allocations)
+    wall = sum(max(0.0, _until(a.end, now) - a.start) for a in allocations)
     rows: list[dict[str, Any]] = []
     restarts: list[dict[str, Any]] = []
     for i, attempt in enumerate(attempts):
         after = attempts[i + 1] if i + 1 < len(attempts) else None
-        progress = _Progress(attempt.get("progress") or {})
-        start, end = _time(attempt, "start", now), _time(attempt, "end", now)
-        kept = _kept(progress, attempt, after)
-        if progress.stepped:
-            startup = min(max(0.0, progress.began - start), end - start)
+        steps = _Steps.of(attempt.progress)
+        start = now if attempt.start is None else attempt.start
+        end = _until(attempt.end, now)
+        kept = _kept(steps, attempt, after)
+        if steps is not None:
+            startup = min(max(0.0, steps.began - start), end - start)
             productive = 0.0
-            if kept is not None and kept > progress.resumed:  # type: ignore[operator]
-                productive = min(max(0.0, progress.time_of(kept) - progress.began), end - start - startup)
+            if kept is not None and kept > steps.resumed:
+                productive = min(max(0.0, steps.time_of(kept) - steps.began), end - start - startup)
         else:
             startup, productive = end - start, 0.0
-        failure = attempt.get("failure") or {}
+        failure = attempt.failure
         rows.append(
             {
-                "attempt": attempt.get("attempt"),
-                "job_id": attempt.get("job_id"),
-                "outcome": attempt.get("outcome"),
-                "class": failure.get("kind"),
-                "nodes": attempt.get("nodes"),
-                "resumed_step": progress.resumed,
-                "last_step": progress.step,
+                "attempt": attempt.attempt,
+                "job_id": attempt.job_id,
+                "outcome": attempt.outcome.value,
+                "class": failure.kind if failure is not None else None,
+                "nodes": list(attempt.nodes),
+                "resumed_step": _resumed(attempt.progress),
+                "last_step": _float(attempt.progress.step) if attempt.progress is not None else None,
                 "kept_step": kept,
                 "startup_s": round(startup, 3),
                 "productive_s": round(productive, 3),
                 "redone_s": round(max(0.0, end - start - startup - productive), 3),
             }
         )
-        after_progress = _Progress(after.get("progress") or {}) if after is not None else None
-        if failure and after_progress is not None and after_progress.stepped:
-            failed_at = progress.time if progress.stepped else start
+        after_steps = _Steps.of(after.progress) if after is not None else None
+        if failure is not None and after is not None and after_steps is not None:
             restarts.append(
                 {
-                    "after_attempt": attempt.get("attempt"),
-                    "class": failure.get("kind"),
-                    "in_allocation": _allocation(after) == _allocation(attempt),  # type: ignore[arg-type]
-                    "latency_s": round(after_progress.first_time - failed_at, 3),  # type: ignore[operator]
+                    "after_attempt": attempt.attempt,
+                    "class": failure.kind,
+                    "in_allocation": after.allocation == attempt.allocation,
+                    "latency_s": round(after_steps.first_time - (steps.time if steps is not None else start), 3),
                 }
             )
     productive = sum(r["productive_s"] for r in rows)
@@ -156,7 +170,7 @@ def ledger(
         "restart_gaps_s": round(max(0.0, wall - in_attempts), 3),
         "allocations": len(allocations),
         "attempts": len(attempts),
-        "failures": sum(1 for a in attempts if a.get("failure")),
+        "failures": sum(1 for a in attempts if a.failure is not None),
         "restarts": restarts,
         "per_attempt": rows,
         "updated": now,

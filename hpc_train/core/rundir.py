@@ -17,6 +17,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned
     status/restarts.json       one entry per attempt that stopped on a signal
     status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
+                               (each record's keys and types: hpc_train.core.records)
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
     status/goodput.json        the goodput ledger: allocated time, productive time, time lost, ettr
     status/bad_nodes.json      the nodes blamed for a failure, left out of later attempts when spares allow
@@ -30,18 +31,28 @@ scripts and later tools find a run's outputs by them, and every module here reac
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
-from hpc_train.core.state import RankState, process_start
+from hpc_train.core.records import (
+    Allocation,
+    AttemptRecord,
+    BadNode,
+    Progress,
+    RankState,
+    RankStatus,
+    RequeueEntry,
+)
+from hpc_train.core.state import check_status, process_start
 
 __all__ = [
     "ATTEMPT_VARIABLE",
@@ -66,6 +77,9 @@ ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
 """The attempt number the supervisor (or a worker, for a user's script) hands on."""
 
 
+_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode)
+
+
 def _read_list(path: Path) -> list[dict[str, Any]]:
     records = read_json(path)
     return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
@@ -74,6 +88,43 @@ def _read_list(path: Path) -> list[dict[str, Any]]:
 def _read_dict(path: Path) -> dict[str, Any]:
     record = read_json(path)
     return record if isinstance(record, dict) else {}
+
+
+def _load(path: Path) -> tuple[Any, str | None]:
+    """The JSON value in ``path`` (None when the file does not exist), or why it cannot be read."""
+    try:
+        return json.loads(path.read_bytes()), None
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # a JSON error, or bytes that are no UTF-8
+        return None, f"{path}: not valid JSON, truncated or overwritten? ({str(exc)[:120]}): ignored"
+
+
+def _checked_list(path: Path, kind: type[_Record], what: str) -> tuple[list[_Record], list[str]]:
+    """The records of a JSON list file, less what is damaged, with a line for each damaged record: an entry
+    that is no JSON object, or lacks a key it needs, is left out; a key of the wrong type is dropped."""
+    entries, unreadable = _load(path)
+    if unreadable:
+        return [], [unreadable]
+    if entries is None:
+        return [], []
+    if not isinstance(entries, list):
+        return [], [f"{path}: holds a JSON {type(entries).__name__}, not a list of {what}: ignored"]
+    records: list[_Record] = []
+    damaged: list[str] = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            damaged.append(f"{path}: entry {index} is {entry!r:.80}, not a JSON object: ignored")
+            continue
+        record, problems = kind.salvage(entry)
+        if record is None:
+            damaged.append(f"{path}: entry {index}: {'; '.join(problems)}: ignored")
+            continue
+        damaged += [f"{path}: entry {index}: {problem}" for problem in problems]
+        records.append(record)
+    return records, damaged
 
 
 def run_labels(runs: Sequence[RunDir]) -> list[str]:
@@ -278,10 +329,19 @@ class RunDir:
         return self.status_dir / "attempts.json"
 
     def read_attempts(self) -> list[dict[str, Any]]:
+        """attempts.json as JSON, every object in it (``attempt_records`` reads them typed)."""
         return _read_list(self.attempts)
 
-    def write_attempts(self, attempts: list[dict[str, Any]]) -> None:
-        write_json_atomic(self.attempts, attempts)
+    def attempt_records(self) -> list[AttemptRecord]:
+        """The supervisor's attempts, less what is damaged (``checked_attempts`` says what that is)."""
+        return self.checked_attempts()[0]
+
+    def checked_attempts(self) -> tuple[list[AttemptRecord], list[str]]:
+        """The supervisor's attempts, less what is damaged, with a line for each damaged record."""
+        return _checked_list(self.attempts, AttemptRecord, "attempts")
+
+    def write_attempts(self, attempts: Sequence[AttemptRecord]) -> None:
+        write_json_atomic(self.attempts, [a.to_json() for a in attempts])
 
     @property
     def allocations(self) -> Path:
@@ -289,10 +349,14 @@ class RunDir:
         return self.status_dir / "allocations.json"
 
     def read_allocations(self) -> list[dict[str, Any]]:
+        """allocations.json as JSON (``allocation_records`` reads them typed)."""
         return _read_list(self.allocations)
 
-    def write_allocations(self, allocations: list[dict[str, Any]]) -> None:
-        write_json_atomic(self.allocations, allocations)
+    def allocation_records(self) -> list[Allocation]:
+        return _checked_list(self.allocations, Allocation, "allocations")[0]
+
+    def write_allocations(self, allocations: Sequence[Allocation]) -> None:
+        write_json_atomic(self.allocations, [a.to_json() for a in allocations])
 
     @property
     def bad_nodes(self) -> Path:
@@ -300,12 +364,17 @@ class RunDir:
         return self.status_dir / "bad_nodes.json"
 
     def read_bad_nodes(self) -> list[dict[str, Any]]:
+        """bad_nodes.json as JSON (``bad_node_records`` reads them typed)."""
         return _read_list(self.bad_nodes)
 
+    def bad_node_records(self) -> list[BadNode]:
+        return _checked_list(self.bad_nodes, BadNode, "nodes")[0]
+
     def add_bad_node(self, host: str, why: str, attempt: int) -> None:
-        entries = self.read_bad_nodes()
-        if host not in {e.get("host") for e in entries}:
-            write_json_atomic(self.bad_nodes, [*entries, {"host": host, "why": why, "attempt": attempt}])
+        entries = self.bad_node_records()
+        if host not in {e.host for e in entries}:
+            entries.append(BadNode(host=host, why=why, attempt=attempt))
+            write_json_atomic(self.bad_nodes, [e.to_json() for e in entries])
 
     @property
     def goodput(self) -> Path:
@@ -315,18 +384,25 @@ class RunDir:
     def read_goodput(self) -> dict[str, Any]:
         return _read_dict(self.goodput)
 
+    def write_goodput(self, ledger: Mapping[str, Any]) -> None:
+        write_json_atomic(self.goodput, ledger)
+
     @property
     def restarts(self) -> Path:
         """One entry per attempt that stopped on a signal: restart, step resumed from, step stopped at."""
         return self.status_dir / "restarts.json"
 
     def read_restarts(self) -> list[dict[str, Any]]:
+        """restarts.json as JSON (``requeue_records`` reads them typed)."""
         return _read_list(self.restarts)
 
-    def append_restart(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    def requeue_records(self) -> list[RequeueEntry]:
+        return _checked_list(self.restarts, RequeueEntry, "restarts")[0]
+
+    def append_restart(self, entry: RequeueEntry) -> list[RequeueEntry]:
         """Add an attempt to ``status/restarts.json``; returns the whole history."""
-        history = [*self.read_restarts(), entry]
-        write_json_atomic(self.restarts, history)
+        history = [*self.requeue_records(), entry]
+        write_json_atomic(self.restarts, [e.to_json() for e in history])
         return history
 
     # ---- rank states --------------------------------------------------------------------------------------
@@ -345,10 +421,18 @@ class RunDir:
         return self.status_dir / f"progress_{rank}.json"
 
     def read_progress(self, rank: int) -> dict[str, Any]:
+        """The progress file as JSON ({} when there is none; ``progress_record`` reads it typed)."""
         return _read_dict(self.progress(rank))
 
-    def write_progress(self, rank: int, record: dict[str, Any]) -> None:
-        write_json_atomic(self.progress(rank), {**record, "run": str(self.path.resolve())}, durable=False)
+    def progress_record(self, rank: int) -> Progress:
+        """The steps this attempt made (no steps when there is no file, or a damaged one)."""
+        return Progress.salvage(read_json(self.progress(rank)))[0] or Progress()
+
+    def write_progress(self, rank: int, record: Progress | Mapping[str, Any]) -> None:
+        """Write a rank's progress (a mapping must hold Progress's keys, of their types: else RecordError)."""
+        progress = record if isinstance(record, Progress) else Progress.from_json(record)
+        # Not fsync'ed: rewritten about once a second while the rank trains.
+        write_json_atomic(self.progress(rank), replace(progress, run=str(self.path.resolve())).to_json(), durable=False)
 
     @property
     def batch_exit(self) -> Path:
@@ -359,20 +443,24 @@ class RunDir:
         return _read_dict(self.batch_exit)
 
     def write_status(self, rank: int, state: RankState | str, **extra: Any) -> None:
-        """Record a rank's state with its host and pid (a string must name a RankState)."""
+        """Record a rank's state with its host and pid (a string must name a RankState); ``extra`` holds more
+        of RankStatus's keys, of their types (else RecordError), and any others to carry."""
         record = {
             "rank": rank,
             "state": RankState(state).value,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "pid_start": process_start(os.getpid()),  # tells this process from a later one given the same pid
             "time": time.time(),
             "run": str(self.path.resolve()),  # whose record this is, for clear_statuses
         }
+        started = process_start(os.getpid())  # tells this process from a later one given the same pid
+        if started is not None:  # None without /proc
+            record["pid_start"] = started
         if os.environ.get(ATTEMPT_VARIABLE, "").isdigit():  # set by the Slurm supervisor for each training step
             record["attempt"] = int(os.environ[ATTEMPT_VARIABLE])
+        status = RankStatus.from_json({**record, **extra})
         # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
-        write_json_atomic(self.status_path(rank), {**record, **extra}, durable=False)
+        write_json_atomic(self.status_path(rank), status.to_json(), durable=False)
 
     def write_failure(self, rank: int, error: str | BaseException, detail: str | None = None) -> None:
         """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback: the
@@ -386,9 +474,8 @@ class RunDir:
             if detail is None:
                 detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])
             error = f"{type(error).__name__}: {error}"
-        status = read_json(self.status_path(rank))
-        step = status.get("step") if isinstance(status, dict) else 0
-        step = step if isinstance(step, int) else 0  # a script's rank may have none; a damaged record, anything
+        status = self._status(self.status_path(rank))  # a script's rank may have no step; a damaged record, none
+        step = status.step if status is not None and status.step is not None else 0
         self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step, **extra)
 
     def clear_statuses(self) -> None:
@@ -412,10 +499,38 @@ class RunDir:
         return not self.status_dir.is_symlink()
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
-        """The latest status of each rank that has written one."""
+        """The latest status of each rank that has written one, as JSON (``rank_statuses`` reads them typed)."""
         statuses: dict[int, dict[str, Any]] = {}
         for path in sorted(self.status_dir.glob("rank_*.json")):
             record = read_json(path)
             if isinstance(record, dict) and isinstance(record.get("rank"), int):
                 statuses[record["rank"]] = record
         return statuses
+
+    @staticmethod
+    def _status(path: Path) -> RankStatus | None:
+        return RankStatus.salvage(read_json(path))[0]
+
+    def rank_statuses(self) -> dict[int, RankStatus]:
+        """The latest status of each rank that has written a whole one (a value of the wrong type is left out)."""
+        found = (self._status(path) for path in sorted(self.status_dir.glob("rank_*.json")))
+        return {status.rank: status for status in found if status is not None}
+
+    def checked_statuses(self) -> tuple[dict[int, dict[str, Any]], list[str]]:
+        """Each rank's latest status as JSON (what ``read_statuses`` reads), less what is damaged, with a line
+        for each damaged record: a file that is no JSON object, names no rank, or holds a value of the wrong
+        type (``core.state.check_status``)."""
+        statuses: dict[int, dict[str, Any]] = {}
+        damaged: list[str] = []
+        for path in sorted(self.status_dir.glob("rank_*.json")):
+            record, unreadable = _load(path)
+            if unreadable:
+                damaged.append(unreadable)
+                continue
+            clean, problems = check_status(record)
+            damaged += [f"{path}: {problem}" for problem in problems]
+            if clean is not None:
+                if path.name != self.status_path(clean["rank"]).name:
+                    damaged.append(f"{path}: says rank {clean['rank']}, which is not the rank its name says")
+                statuses[clean["rank"]] = clean
+        return statuses, damaged

@@ -7,7 +7,6 @@ failed, and which died without a word" is decided in one place.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import signal
@@ -17,6 +16,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
+
+from hpc_train.core.records import RankState, RankStatus
 
 __all__ = [
     "RANK_COMMANDS",
@@ -38,29 +39,6 @@ __all__ = [
 
 Statuses = Mapping[int, Mapping[str, Any]]
 log = logging.getLogger(__name__)
-
-
-class RankState(str, enum.Enum):
-    """A rank's state; written to JSON as its plain string value (enum.StrEnum needs Python 3.11)."""
-
-    STARTING = "starting"
-    """Process started, before the rendezvous (slow imports, dataset)."""
-    RUNNING = "running"
-    """Past the rendezvous; the status is rewritten at every logged step."""
-    COMPLETED = "completed"
-    """Trained to the end (or the user's script exited 0)."""
-    FAILED = "failed"
-    """Raised, or was ended by its watchdog; the status holds the error and a traceback."""
-    STOPPED = "stopped"
-    """Checkpointed on a signal (and requeued, on Slurm, within the limits)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def live(self) -> bool:
-        """Still expected to report more."""
-        return self in (RankState.STARTING, RankState.RUNNING)
 
 
 def _state(status: Mapping[str, Any] | None) -> RankState | None:
@@ -262,37 +240,14 @@ def _log_refusal(rank: int, why: str) -> None:
 
 # ---- the record a rank writes -------------------------------------------------------------------------------
 
-_STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "host": (lambda v: isinstance(v, str), "a host name"),
-    "pid": (lambda v: _integer(v) and v > 0, "a process id"),
-    "pid_start": (_integer, "an integer (clock ticks since boot)"),
-    "time": (_number, "a time stamp (seconds since the epoch)"),
-    "step": (lambda v: v is None or _integer(v), "a step number"),
-    "failed_step": (_integer, "a step number"),
-    "attempt": (_integer, "an attempt number"),
-    "restart": (_integer, "an attempt number"),
-    "error": (lambda v: isinstance(v, str), "a string"),
-    "traceback": (lambda v: isinstance(v, str), "a string"),
-    "run": (lambda v: isinstance(v, str), "a run dir's path"),
-}
-"""The keys of a rank status that readers rely on, with what each must hold (others are carried as they are)."""
-
 
 def check_status(record: Any) -> tuple[dict[str, Any] | None, list[str]]:
     """A rank status as read from its file, less what is damaged, and what that was: a record that is no JSON
-    object or names no rank is dropped (None); a key holding a value of the wrong type is left out of it."""
+    object or names no rank is dropped (None); a key holding a value of the wrong type (``RankStatus.KEYS``
+    says what each holds) is left out of it. Keys the record does not name are carried as they are."""
     if not isinstance(record, dict):
         return None, [f"holds a JSON {type(record).__name__}, not an object: ignored"]
     rank = record.get("rank")
     if not _integer(rank) or rank < 0:
         return None, [f"rank={rank!r} is not a rank number: ignored"]
-    clean, problems = dict(record), []
-    state = record.get("state")
-    if state not in {s.value for s in RankState}:
-        problems.append(f"state={state!r} is none of {', '.join(s.value for s in RankState)}")
-        clean.pop("state", None)
-    for key, (valid, what) in _STATUS_FIELDS.items():
-        if key in record and not valid(record[key]):
-            problems.append(f"{key}={record[key]!r} is not {what}")
-            del clean[key]
-    return clean, problems
+    return RankStatus.clean(record)

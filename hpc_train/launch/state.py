@@ -7,22 +7,20 @@ so), the scheduler's view next, and a job the scheduler no longer knows is judge
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
+from hpc_train.core.records import AttemptOutcome, AttemptRecord
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
     RankState,
     all_ranks,
-    check_status,
     is_live,
     never_started,
     rank_failures,
@@ -82,7 +80,7 @@ class JobState:
     squeue: str | None = None
     sacct: str | None = None
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
     """The supervisor's attempts (``checked_attempts``: less what is damaged)."""
     damaged: list[str] = field(default_factory=list)
     """A line for each damaged record in status/ (left out of the verdict): the file and what is wrong."""
@@ -91,79 +89,16 @@ class JobState:
 # ---- the records, checked ----------------------------------------------------------------------------------
 
 
-def _load(path: Path) -> tuple[Any, str | None]:
-    """The JSON value in ``path`` (None when the file does not exist), or why it cannot be read."""
-    try:
-        return json.loads(path.read_bytes()), None
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        return None, f"{path}: cannot be read ({exc.strerror or exc})"
-    except ValueError as exc:  # a JSON error, or bytes that are no UTF-8
-        return None, f"{path}: not valid JSON, truncated or overwritten? ({str(exc)[:120]}): ignored"
-
-
 def checked_statuses(run_dir: RunDir) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """Each rank's latest status (what ``RunDir.read_statuses`` reads), less what is damaged, with a line for
-    each damaged record: a file that is no JSON object, names no rank, or holds a value of the wrong type
-    (``core.state.check_status``)."""
-    statuses: dict[int, dict[str, Any]] = {}
-    damaged: list[str] = []
-    for path in sorted(run_dir.status_dir.glob("rank_*.json")):  # the files RunDir.status_path names
-        record, unreadable = _load(path)
-        if unreadable:
-            damaged.append(unreadable)
-            continue
-        clean, problems = check_status(record)
-        damaged += [f"{path}: {problem}" for problem in problems]
-        if clean is not None:
-            if path.name != run_dir.status_path(clean["rank"]).name:
-                damaged.append(f"{path}: says rank {clean['rank']}, which is not the rank its name says")
-            statuses[clean["rank"]] = clean
-    return statuses, damaged
+    """Each rank's latest status, less what is damaged, with a line for each damaged record
+    (``RunDir.checked_statuses``)."""
+    return run_dir.checked_statuses()
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-_ATTEMPT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "attempt": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an attempt number"),
-    "outcome": (lambda v: isinstance(v, str), "an outcome (running, completed, stopped, failed, ...)"),
-    "failure": (lambda v: v is None or isinstance(v, dict), "a JSON object"),
-    "progress": (lambda v: v is None or isinstance(v, dict), "a JSON object"),
-    "start": (lambda v: v is None or _is_number(v), "a time stamp"),
-    "end": (lambda v: v is None or _is_number(v), "a time stamp"),
-    "nodes": (lambda v: isinstance(v, list), "a list of hosts"),
-    "message": (lambda v: isinstance(v, str), "a string"),
-}
-"""The keys of an attempt that readers rely on (``attempts_note``, the goodput ledger), with what each holds."""
-
-
-def checked_attempts(run_dir: RunDir) -> tuple[list[dict[str, Any]], list[str]]:
-    """The supervisor's attempts (what ``RunDir.read_attempts`` reads), less what is damaged, with a line for
-    each damaged record: an entry that is no JSON object is left out, a key of the wrong type is dropped."""
-    path = run_dir.attempts
-    records, unreadable = _load(path)
-    if unreadable:
-        return [], [unreadable]
-    if records is None:
-        return [], []
-    if not isinstance(records, list):
-        return [], [f"{path}: holds a JSON {type(records).__name__}, not a list of attempts: ignored"]
-    attempts: list[dict[str, Any]] = []
-    damaged: list[str] = []
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            damaged.append(f"{path}: entry {index} is {record!r:.80}, not a JSON object: ignored")
-            continue
-        clean = dict(record)
-        for key, (valid, what) in _ATTEMPT_FIELDS.items():
-            if key in record and not valid(record[key]):
-                damaged.append(f"{path}: entry {index}: {key}={record[key]!r:.80} is not {what}")
-                del clean[key]
-        attempts.append(clean)
-    return attempts, damaged
+def checked_attempts(run_dir: RunDir) -> tuple[list[AttemptRecord], list[str]]:
+    """The supervisor's attempts, less what is damaged, with a line for each damaged record
+    (``RunDir.checked_attempts``)."""
+    return run_dir.checked_attempts()
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | str | None:
@@ -210,30 +145,23 @@ def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
     return [str(f) for f in failures if not f.reported] + missing + [str(f) for f in failures if f.reported]
 
 
-def _failure(attempt: dict[str, Any]) -> dict[str, Any]:
-    """An attempt's failure record ({} when it has none, or a damaged one)."""
-    failure = attempt.get("failure")
-    return failure if isinstance(failure, dict) else {}
-
-
-def attempts_note(attempts: list[dict[str, Any]]) -> str:
-    """What the supervisor says about the attempts (``RunDir.read_attempts``): the attempt running, the failures
-    retried, and a fatal failure or the limit that ended the job (empty for a run without a supervisor)."""
+def attempts_note(attempts: list[AttemptRecord]) -> str:
+    """What the supervisor says about the attempts (``RunDir.attempt_records``): the attempt running, the
+    failures retried, and a fatal failure or the limit that ended the job (empty for a run without a supervisor)."""
     if not attempts:
         return ""
     last = attempts[-1]
-    number, outcome = last.get("attempt"), last.get("outcome")
-    failure = _failure(last)
-    failures = [a for a in attempts if _failure(a)]
-    if outcome == "fatal":
-        return f"attempt {number}: fatal failure, not retried or requeued (exit {EXIT_FATAL}): {failure.get('describe', '?')}"
-    if outcome == "gave_up":
-        return f"attempt {number}: gave up (exit {EXIT_GAVE_UP}): {last.get('message', '?')}; last failure: {failure.get('describe', '?')}"
+    described = last.failure.describe() if last.failure is not None else "?"
+    if last.outcome is AttemptOutcome.FATAL:
+        return f"attempt {last.attempt}: fatal failure, not retried or requeued (exit {EXIT_FATAL}): {described}"
+    if last.outcome is AttemptOutcome.GAVE_UP:
+        why = last.message or "?"
+        return f"attempt {last.attempt}: gave up (exit {EXIT_GAVE_UP}): {why}; last failure: {described}"
+    failures = [a.failure for a in attempts if a.failure is not None]
     retried = ""
     if failures:
-        latest = _failure(failures[-1])
-        retried = f" after {len(failures)} failure(s) retried in the allocation (last: {latest.get('describe', '?')})"
-    return f"attempt {number} {outcome}{retried}"
+        retried = f" after {len(failures)} failure(s) retried in the allocation (last: {failures[-1].describe()})"
+    return f"attempt {last.attempt} {last.outcome.value}{retried}"
 
 
 def job_state(run_dir: RunDir, world_size: int) -> JobState:

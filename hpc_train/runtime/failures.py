@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-from hpc_train.core.state import RankState
+from hpc_train.core.records import FATAL_KINDS, RETRYABLE_KINDS, Failure, RankState, RankStatus
 from hpc_train.train.watchdog import FROZEN
 
 __all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"]
 
-RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
-FATAL_KINDS = ("repeated_exception", "import", "config", "diverged")
+Statuses = Mapping[int, RankStatus]
 
 # srun's own lines only: a task's output never starts with "srun:" (srun prefixes nothing to it).
 _TASK_LINE = re.compile(r"^srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
@@ -58,43 +56,6 @@ _EXCEPTION_LINE = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class Failure:
-    kind: str
-    """One of RETRYABLE_KINDS or FATAL_KINDS."""
-    rank: int | None
-    host: str
-    error: str
-    traceback: str
-    step: int | None
-    suspects: tuple[str, ...] = ()
-    """Hosts blamed: a killed rank's, a lost node, a frozen rank's."""
-
-    @property
-    def retryable(self) -> bool:
-        return self.kind in RETRYABLE_KINDS
-
-    def same_as(self, earlier: Mapping[str, Any] | None) -> bool:
-        """The same Python exception from the same step as ``earlier`` (an ``as_dict`` of the last attempt)."""
-        return (
-            earlier is not None
-            and earlier.get("kind") in ("exception", "repeated_exception")
-            and earlier.get("error") == self.error
-            and earlier.get("step") == self.step
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        record = asdict(self)
-        record["suspects"] = list(self.suspects)
-        record["retryable"] = self.retryable
-        return record
-
-    def describe(self) -> str:
-        where = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host or "the step"
-        at = f" at step {self.step}" if self.step is not None else ""
-        return f"{self.kind} ({'retryable' if self.retryable else 'fatal'}): {where}{at}: {self.error}"
-
-
 @dataclass
 class SrunReport:
     """What srun said on stderr about its tasks and nodes, in the order it said it."""
@@ -117,28 +78,21 @@ class SrunReport:
         return report
 
 
-def _state(status: Mapping[str, Any] | None) -> str:
-    return str(status.get("state", "")) if status else ""
-
-
-def _hang_suspects(statuses: Mapping[int, Mapping[str, Any]]) -> tuple[str, ...]:
+def _hang_suspects(statuses: Statuses) -> tuple[str, ...]:
     """Who froze: ranks whose own watchdog saw that the process was not running; else those that did not
     report the hang (silent, or failed otherwise once woken), while the others did."""
-    errors = {
-        rank: str(s.get("error", "")) if _state(s) == RankState.FAILED.value else "" for rank, s in statuses.items()
-    }
+    errors = {rank: (s.error or "") if s.state is RankState.FAILED else "" for rank, s in statuses.items()}
     frozen = [rank for rank, error in errors.items() if FROZEN in error]
     if not frozen:
         frozen = [rank for rank, error in errors.items() if not error.startswith("watchdog:")]
         if len(frozen) == len(statuses):
             return ()
-    return tuple(sorted({str(statuses[rank].get("host", "")) for rank in frozen} - {""}))
+    return tuple(sorted({statuses[rank].host or "" for rank in frozen} - {""}))
 
 
-def _silent_hosts(statuses: Mapping[int, Mapping[str, Any]]) -> tuple[str, ...]:
+def _silent_hosts(statuses: Statuses) -> tuple[str, ...]:
     """Hosts of ranks still marked live once the step has ended: they died (or froze) without a word."""
-    live = {RankState.STARTING.value, RankState.RUNNING.value}
-    hosts = {str(s.get("host", "")) for s in statuses.values() if _state(s) in live}
+    hosts = {s.host for s in statuses.values() if s.state.live}
     return tuple(sorted(h for h in hosts if h))
 
 
@@ -170,59 +124,52 @@ def _error_kind(error: str, traceback: str) -> tuple[str, str]:
     return "exception", error
 
 
-def _from_status(rank: int, status: Mapping[str, Any], statuses: Mapping[int, Mapping[str, Any]]) -> Failure:
-    traceback = str(status.get("traceback", ""))
-    kind, error = _error_kind(str(status.get("error", "?")), traceback)
-    host = str(status.get("host", "?"))
-    step = status.get("failed_step", status.get("step"))
-    step = int(step) if isinstance(step, int) else None
+def _from_status(rank: int, status: RankStatus, statuses: Statuses) -> Failure:
+    traceback = status.traceback or ""
+    kind, error = _error_kind(status.error or "?", traceback)
+    host = status.host or "?"
     suspects: tuple[str, ...] = ()
     if kind == "killed":
         suspects = (host,)
     elif kind == "hang":
         suspects = _hang_suspects(statuses)
-    return Failure(kind, rank, host, error, traceback, step, suspects)
+    step = status.failed_step if status.failed_step is not None else status.step
+    return Failure(kind=kind, rank=rank, host=host, error=error, traceback=traceback, step=step, suspects=suspects)
 
 
-def classify(
-    statuses: Mapping[int, Mapping[str, Any]],
-    srun: SrunReport,
-    exit_code: int,
-    previous: Mapping[str, Any] | None = None,
-) -> Failure:
+def classify(statuses: Statuses, srun: SrunReport, exit_code: int, previous: Failure | None = None) -> Failure:
     """The failure of a step that ended with ``exit_code`` before every rank completed. ``previous`` is the
-    failure of the attempt before (``Failure.as_dict``), to tell a repeated exception."""
+    failure of the attempt before, to tell a repeated exception."""
     failure = _classify(statuses, srun, exit_code)
     if failure.kind == "exception" and failure.same_as(previous):
         return replace(failure, kind="repeated_exception")
     return failure
 
 
-def _classify(statuses: Mapping[int, Mapping[str, Any]], srun: SrunReport, exit_code: int) -> Failure:
-    failed = RankState.FAILED.value
+def _classify(statuses: Statuses, srun: SrunReport, exit_code: int) -> Failure:
     if srun.lost_nodes:
         host = srun.lost_nodes[0]
-        return Failure("node_lost", None, host, f"srun lost node {host}", "", None, tuple(srun.lost_nodes))
+        return Failure(kind="node_lost", host=host, error=f"srun lost node {host}", suspects=tuple(srun.lost_nodes))
     if srun.task_exits:
         host, rank, what = srun.task_exits[0]
         status = statuses.get(rank)
-        if _state(status) == failed and status is not None:
+        if status is not None and status.state is RankState.FAILED:
             failure = _from_status(rank, status, statuses)
             silent = _silent_hosts(statuses)
             if failure.kind == "collective" and silent:
                 # srun saw the peer's error first; the cause is a rank that died without a word.
                 error = f"ranks ended without reporting; the others then failed: {failure.error}"
-                return Failure("killed", None, silent[0], error, failure.traceback, failure.step, silent)
+                return replace(failure, kind="killed", rank=None, host=silent[0], error=error, suspects=silent)
             return failure
-        step = status.get("step") if status else None
         error = f"the process ended without reporting an error: {what}"
-        return Failure("killed", rank, host, error, "", step if isinstance(step, int) else None, (host,))
+        step = status.step if status is not None else None
+        return Failure(kind="killed", rank=rank, host=host, error=error, step=step, suspects=(host,))
     reported = sorted(
-        ((rank, s) for rank, s in statuses.items() if _state(s) == failed), key=lambda rs: rs[1].get("time", 0)
+        ((rank, s) for rank, s in statuses.items() if s.state is RankState.FAILED), key=lambda rs: rs[1].time or 0
     )
     if reported:
         return _from_status(*reported[0], statuses)
     silent = _silent_hosts(statuses)
     if silent:
-        return Failure("killed", None, silent[0], "ranks ended without reporting", "", None, silent)
-    return Failure("unknown", None, "", f"srun exited with status {exit_code} and no rank reported why", "", None)
+        return Failure(kind="killed", host=silent[0], error="ranks ended without reporting", suspects=silent)
+    return Failure(kind="unknown", error=f"srun exited with status {exit_code} and no rank reported why")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from hpc_train.core.state import RankState
+from hpc_train.core.records import RankState
 
 __all__ = ["Fit", "Outcome"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fit:
     """What ``Trainer.fit`` reported, kept after the trainer is released."""
 
@@ -20,15 +20,25 @@ class Fit:
     step: int | None
     """None for a user's script that did not report its steps (``hpc_train.preemption.should_stop(step)``)."""
     signal: int
-    peak: dict[str, float]
+    peak: Mapping[str, float] = field(default_factory=dict)
     """The peak GPU memory the heartbeats had (empty on CPU); the final status keeps it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """The final status this rank writes."""
+    """The final status this rank writes (``RunDir.write_status``)."""
 
     state: RankState
     """completed, or stopped (checkpointed on a signal; requeued on Slurm)."""
     step: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    signal: int | None = None
+    """The stop signal a stopped rank checkpointed on."""
+    requeued: str | None = None
+    """What ``scontrol requeue`` was asked to requeue."""
+    peak: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def extra(self) -> dict[str, float | str]:
+        """The status's keys beyond its state and step: signal, requeued and the peak memory, where known."""
+        named = {"signal": self.signal, "requeued": self.requeued}
+        return {**{key: value for key, value in named.items() if value is not None}, **self.peak}

@@ -16,13 +16,13 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.errors import LaunchError
+from hpc_train.core.records import RankState, RequeueEntry
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.state import RankState
 from hpc_train.core.textutil import at_step
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit, Outcome
@@ -45,19 +45,15 @@ def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
 
 def record_attempt(
     rd: RunDir, restart: int, resumed_step: int | None, stopped_step: int | None, signum: int
-) -> list[dict[str, Any]]:
+) -> list[RequeueEntry]:
     """Append this attempt to ``status/restarts.json``; returns the whole history."""
-    entry = {
-        "restart": restart,
-        "resumed_step": resumed_step,
-        "stopped_step": stopped_step,
-        "signal": signum,
-        "time": time.time(),
-    }
+    entry = RequeueEntry(
+        restart=restart, resumed_step=resumed_step, stopped_step=stopped_step, signal=signum, time=time.time()
+    )
     return rd.append_restart(entry)
 
 
-def refusal(history: list[dict[str, Any]], restart: int, cluster: ClusterConfig) -> str | None:
+def refusal(history: Sequence[RequeueEntry], restart: int, cluster: ClusterConfig) -> str | None:
     """Why this job must not be requeued again (None: requeue it)."""
     if restart >= cluster.max_restarts:
         return (
@@ -67,12 +63,11 @@ def refusal(history: list[dict[str, Any]], restart: int, cluster: ClusterConfig)
         )
     stalled = 0
     for attempt in reversed(history):
-        resumed, stopped = attempt["resumed_step"], attempt["stopped_step"]
-        if resumed is None or stopped is None or stopped > resumed:  # progress made, or not known
+        if attempt.progressed:  # progress made, or not known
             break
         stalled += 1
     if stalled > cluster.max_stalled_restarts:
-        step = history[-1]["stopped_step"]
+        step = history[-1].stopped_step
         return (
             f"not requeued: the last {stalled} attempts stopped without a single new step (stuck at step {step}; "
             f"cluster.max_stalled_restarts={cluster.max_stalled_restarts}). HINT: the job is signalled before it "
@@ -100,27 +95,26 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) ->
     Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
     preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
     """
-    extra: dict[str, Any] = {"signal": fit.signal, **fit.peak}
-    step = fit.step or 0
+    outcome = Outcome(state=RankState.STOPPED, step=fit.step or 0, signal=fit.signal, peak=fit.peak)
     own = fit.signal == signal_number(cfg.cluster.signal)
     # An allocation a shell holds (cluster.submit=here) is not a batch job: Slurm cannot requeue it.
     requeues = env.source == "slurm" and own and cfg.cluster.submit != "here"
     target = requeue_target() if requeues else None
     if target is None:
         log.warning("stopped %s on signal %d. Run again with the same run dir to resume", at_step(fit.step), fit.signal)
-        return Outcome(RankState.STOPPED, step, extra)
+        return outcome
     if not env.is_main:
-        return Outcome(RankState.STOPPED, step, extra)
+        return outcome
     history = record_attempt(rd, attempt, fit.start_step, fit.step, fit.signal)
     # Requeues count against cluster.max_restarts; restarts inside an allocation have their own limit.
     why_not = refusal(history, int(os.environ.get("SLURM_RESTART_COUNT") or 0), cfg.cluster)
     if why_not is not None:
         raise LaunchError(why_not)
-    extra["requeued"] = target
+    outcome = replace(outcome, requeued=target)
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
-    rd.write_status(env.rank, RankState.STOPPED, step=step, restart=attempt, **extra)
+    rd.write_status(env.rank, outcome.state, step=outcome.step, restart=attempt, **outcome.extra)
     log.warning(
         "stopped %s on signal %d; requeueing %s (restart %d)", at_step(fit.step), fit.signal, target, attempt + 1
     )
     requeue(target)
-    return Outcome(RankState.STOPPED, step, extra)
+    return outcome

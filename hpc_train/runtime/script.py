@@ -186,12 +186,12 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_s
     )
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
     run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt, early_stop)
-    progress = rd.read_progress(env.rank)
-    first, last = progress.get("first_step"), progress.get("step")
-    start = None if first is None else int(first) - 1
+    progress = rd.progress_record(env.rank)
+    first, last = progress.first_step, progress.step
+    start = None if first is None else first - 1
     if run.stopped_by:
         log.warning("%s ended with status %d after signal %d on rank %d", what, run.code, run.stopped_by, env.rank)
-        return Fit(False, start, None if last is None else int(last), run.stopped_by, {})
+        return Fit(completed=False, start_step=start, step=last, signal=run.stopped_by)
     if run.code != 0:
         how = f"was killed by {signal.Signals(-run.code).name}" if run.code < 0 else f"exited with status {run.code}"
         last_line = next((line for line in reversed(run.stderr_tail.splitlines()) if line.strip()), "")
@@ -199,9 +199,9 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_s
             f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else ""), run.stderr_tail
         )
         if last is not None:
-            error.hpc_train_step = int(last)  # type: ignore[attr-defined]  # the last step the script reported
+            error.hpc_train_step = last  # type: ignore[attr-defined]  # the last step the script reported
         raise error
-    return Fit(True, start or 0, int(last or 0), 0, {})
+    return Fit(completed=True, start_step=start or 0, step=last or 0, signal=0)
 
 
 def _finish(store: Any, env: DistEnv, timeout: timedelta) -> None:

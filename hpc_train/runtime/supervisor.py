@@ -31,15 +31,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from hpc_train.config import ClusterConfig, load_config
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.goodput import ledger
 from hpc_train.core.hostlist import expand_hostlist
-from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir, write_json_atomic
-from hpc_train.core.state import RankState, all_ranks
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress, RankState, RankStatus
+from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
 from hpc_train.runtime.commands import WORKER, srun_argv
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.train.stopping import StopSignals, signal_number
@@ -174,15 +175,16 @@ class _Step:
             return self.proc.wait(timeout=15)
 
 
-def _made_progress(entry: Mapping[str, Any]) -> bool:
+def _made_progress(attempt: AttemptRecord) -> bool:
     """True when the attempt left a newer checkpoint than it resumed from (a user's script, which does not
     tell its checkpoints: a step beyond the one it resumed from)."""
-    progress = entry.get("progress") or {}
-    first = progress.get("first_step")
-    if not isinstance(first, int):
+    progress = attempt.progress or Progress()
+    if progress.first_step is None:
         return False
-    saved = progress.get("checkpoint_step", progress.get("step") if entry.get("script") else None)
-    return isinstance(saved, int) and saved > first - 1
+    saved = progress.checkpoint_step
+    if saved is None and attempt.script:
+        saved = progress.step
+    return saved is not None and saved > progress.first_step - 1
 
 
 class Supervisor:
@@ -209,65 +211,57 @@ class Supervisor:
 
     # ---- the ledger ---------------------------------------------------------------------------------------
 
-    def _mine(self, entry: Mapping[str, Any] | None) -> bool:
-        """Whether an allocation or attempt entry belongs to this allocation."""
-        return entry is not None and (entry.get("job_id"), entry.get("requeue", 0)) == (self.job_id, self.requeue)
+    def _mine(self, record: AttemptRecord | Allocation | None) -> bool:
+        """Whether an allocation or attempt record belongs to this allocation."""
+        return record is not None and record.allocation == (self.job_id, self.requeue)
 
     def _begin_allocation(self) -> None:
         self._close_abandoned()
-        allocations = self.rd.read_allocations()
-        allocations.append(
-            {
-                "job_id": self.job_id,
-                "requeue": self.requeue,
-                "nodes": self.allocation,
-                "start": time.time(),
-                "end": None,
-            }
-        )
-        self.rd.write_allocations(allocations)
+        mine = Allocation(job_id=self.job_id, requeue=self.requeue, nodes=tuple(self.allocation), start=time.time())
+        self.rd.write_allocations([*self.rd.allocation_records(), mine])
 
     def _close_abandoned(self) -> None:
         """Close what an earlier batch step left open: it was killed before it could (Slurm ended the job on a
         node failure, a KillWait ran out). Each ends at the last time it is known to have been alive, so that
         the ledger does not count it as running until now."""
-        attempts = self.rd.read_attempts()
+        attempts = self.rd.attempt_records()
         abandoned = False
         last_seen = 0.0
         for i, entry in enumerate(attempts):
-            if entry.get("end") is None:
+            if entry.end is None:
                 abandoned = True
-                progress = entry.get("progress") or (self.rd.read_progress(0) if i == len(attempts) - 1 else {})
-                if float(progress.get("first_time") or 0) < float(entry.get("start") or 0):
-                    progress = {}  # an earlier attempt's: this one never made a step
-                seen = [entry.get("start"), progress.get("time"), progress.get("checkpoint_time")]
-                entry["end"] = max(t for t in seen if isinstance(t, (int, float)))
-                entry["progress"] = progress
-                entry["outcome"] = "lost"
-                entry["message"] = "its batch step ended before it could record how the attempt ended"
-            last_seen = max(last_seen, float(entry["end"]))
+                progress = entry.progress or (self.rd.progress_record(0) if i == len(attempts) - 1 else Progress())
+                if (progress.first_time or 0) < (entry.start or 0):
+                    progress = Progress()  # an earlier attempt's: this one never made a step
+                seen = [t for t in (entry.start, progress.time, progress.checkpoint_time) if t is not None]
+                entry = attempts[i] = replace(
+                    entry,
+                    end=max(seen, default=0.0),
+                    progress=progress,
+                    outcome=AttemptOutcome.LOST,
+                    message="its batch step ended before it could record how the attempt ended",
+                )
+            last_seen = max(last_seen, entry.end or 0.0)
         if abandoned:
             self.rd.write_attempts(attempts)
-        allocations = self.rd.read_allocations()
-        open_ones = [a for a in allocations if a.get("end") is None]
-        for allocation in open_ones:
-            allocation["end"] = max(float(allocation.get("start") or 0.0), last_seen)
-        if open_ones:
-            self.rd.write_allocations(allocations)
+        allocations = self.rd.allocation_records()
+        if any(a.end is None for a in allocations):
+            closed = [a if a.end is not None else replace(a, end=max(a.start, last_seen)) for a in allocations]
+            self.rd.write_allocations(closed)
 
     def _end_allocation(self) -> None:
-        allocations = self.rd.read_allocations()
+        allocations = self.rd.allocation_records()
         if allocations and self._mine(allocations[-1]):
-            allocations[-1]["end"] = time.time()
+            allocations[-1] = replace(allocations[-1], end=time.time())
             self.rd.write_allocations(allocations)
         self._write_goodput()
 
     def _write_goodput(self) -> None:
-        write_json_atomic(self.rd.goodput, ledger(self.rd.read_allocations(), self.rd.read_attempts()))
+        self.rd.write_goodput(ledger(self.rd.allocation_records(), self.rd.attempt_records()))
 
-    def _save_attempt(self, entry: dict[str, Any]) -> None:
-        attempts = self.rd.read_attempts()
-        if attempts and attempts[-1].get("attempt") == entry["attempt"]:
+    def _save_attempt(self, entry: AttemptRecord) -> None:
+        attempts = self.rd.attempt_records()
+        if attempts and attempts[-1].attempt == entry.attempt:
             attempts[-1] = entry
         else:
             attempts.append(entry)
@@ -286,11 +280,10 @@ class Supervisor:
 
     def _loop(self) -> int:
         while True:
-            attempts = self.rd.read_attempts()
+            attempts = self.rd.attempt_records()  # a damaged entry is left out: it must not stop the recovery
             last = attempts[-1] if attempts else None
-            recorded = last.get("attempt") if last else None  # a damaged entry must not stop the recovery
-            number = max(len(attempts), self.rd.next_attempt(), recorded + 1 if isinstance(recorded, int) else 0)
-            bad = [str(e.get("host")) for e in self.rd.read_bad_nodes()]
+            number = max(len(attempts), self.rd.next_attempt(), last.attempt + 1 if last is not None else 0)
+            bad = [node.host for node in self.rd.bad_node_records()]
             nodes = pick_nodes(self.allocation, bad, self.cluster)
             if isinstance(nodes, str):
                 return self._give_up(last if self._mine(last) else None, nodes)
@@ -298,37 +291,36 @@ class Supervisor:
                 _say(f"signal {self.signals.received} came before attempt {number}; not starting it")
                 return 0
             entry = self._attempt(number, nodes)
-            if entry["outcome"] == "completed":
+            if entry.outcome is AttemptOutcome.COMPLETED:
                 return 0
-            if entry["outcome"] == "stopped":
-                return int(entry["exit_code"])
-            failure = entry["failure"]
-            if not failure["retryable"]:
-                entry["outcome"] = "fatal"
-                self._save_attempt(entry)
-                _say(f"fatal failure, not retried and not requeued (exit {EXIT_FATAL}): {failure['describe']}")
+            if entry.outcome is AttemptOutcome.STOPPED:
+                return entry.exit_code or 0
+            failure = entry.failure
+            assert failure is not None  # an attempt that neither completed nor stopped failed
+            if not failure.retryable:
+                self._save_attempt(replace(entry, outcome=AttemptOutcome.FATAL))
+                _say(f"fatal failure, not retried and not requeued (exit {EXIT_FATAL}): {failure.describe()}")
                 return EXIT_FATAL
             why_not = self._refusal()
             if why_not is not None:
                 return self._give_up(entry, why_not)
             if self.cluster.spare_nodes:
-                for host in failure["suspects"]:
+                for host in failure.suspects:
                     if host in self.allocation:
-                        self.rd.add_bad_node(host, failure["describe"], number)
-            _say(f"attempt {number} failed ({failure['describe']}); starting attempt {number + 1} in this allocation")
+                        self.rd.add_bad_node(host, failure.describe(), number)
+            _say(f"attempt {number} failed ({failure.describe()}); starting attempt {number + 1} in this allocation")
 
-    def _attempt(self, number: int, nodes: list[str]) -> dict[str, Any]:
+    def _attempt(self, number: int, nodes: list[str]) -> AttemptRecord:
         self.rd.clear_statuses()
-        entry: dict[str, Any] = {
-            "attempt": number,
-            "job_id": self.job_id,
-            "requeue": self.requeue,
-            "nodes": nodes,
-            "start": time.time(),
-            "end": None,
-            "outcome": "running",
-            "script": self.cfg.script.enabled,
-        }
+        entry = AttemptRecord(
+            attempt=number,
+            job_id=self.job_id,
+            requeue=self.requeue,
+            nodes=tuple(nodes),
+            start=time.time(),
+            outcome=AttemptOutcome.RUNNING,
+            script=self.cfg.script.enabled,
+        )
         self._save_attempt(entry)
         self._write_goodput()
         argv = step_argv(self.rd, self.cluster, nodes, self.python)
@@ -342,21 +334,20 @@ class Supervisor:
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
                 step._end()
-        entry.update(end=time.time(), exit_code=code, progress=self.rd.read_progress(0))
+        entry = replace(entry, end=time.time(), exit_code=code, progress=self.rd.progress_record(0))
         statuses = self._statuses(number)
-        if all_ranks(statuses, self.cluster.world_size, RankState.COMPLETED):
-            entry["outcome"] = "completed"
+        if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(self.cluster.world_size)):
+            entry = replace(entry, outcome=AttemptOutcome.COMPLETED)
         elif self._stopped(statuses):
-            entry["outcome"] = "stopped"
+            entry = replace(entry, outcome=AttemptOutcome.STOPPED)
         else:
-            attempts = self.rd.read_attempts()
-            previous = attempts[-2].get("failure") if len(attempts) > 1 else None
+            attempts = self.rd.attempt_records()
+            previous = attempts[-2].failure if len(attempts) > 1 else None
             failure = classify(statuses, SrunReport.parse(step.lines), code, previous)
             if step.launch_timed_out:
                 error = f"no rank of the step started within {launch_s:.0f}s; the supervisor ended srun"
-                failure = Failure("unknown", None, "", error, "", None)
-            entry["outcome"] = "failed"
-            entry["failure"] = failure.as_dict() | {"describe": failure.describe()}
+                failure = Failure(kind="unknown", error=error)
+            entry = replace(entry, outcome=AttemptOutcome.FAILED, failure=failure)
             _log_failure(failure)
         self._save_attempt(entry)
         self._write_goodput()
@@ -366,26 +357,23 @@ class Supervisor:
         """From a shell (cluster.submit=here), a stop reaches only this process: it passes cluster.signal on."""
         return signal_number(self.cluster.signal) if self.interactive else 0
 
-    def _statuses(self, attempt: int) -> dict[int, dict[str, Any]]:
+    def _statuses(self, attempt: int) -> dict[int, RankStatus]:
         """The ranks' statuses from this attempt: a rank of an earlier one that outlived its step (on a node
         cut off from Slurm) may still write its own."""
-        return {r: s for r, s in self.rd.read_statuses().items() if s.get("attempt", attempt) == attempt}
+        return {r: s for r, s in self.rd.rank_statuses().items() if s.attempt in (None, attempt)}
 
-    def _stopped(self, statuses: Mapping[int, Mapping[str, Any]]) -> bool:
+    def _stopped(self, statuses: Mapping[int, RankStatus]) -> bool:
         """The step ended on a stop signal: this batch step got one (scancel, Slurm's requeue), or the ranks
         stopped on the preemption signal (and requeued the job). Ranks that stopped on the SIGTERM srun sends
         after another task failed do not count: that is a failure."""
         if self.signals.received:
             return True
         own = signal_number(self.cluster.signal)
-        return any(
-            s.get("state") == RankState.STOPPED.value and (s.get("signal") == own or s.get("requeued"))
-            for s in statuses.values()
-        )
+        return any(s.state is RankState.STOPPED and (s.signal == own or s.requeued) for s in statuses.values())
 
     def _refusal(self) -> str | None:
-        attempts = self.rd.read_attempts()
-        here = [a for a in attempts if self._mine(a) and a.get("failure")]
+        attempts = self.rd.attempt_records()
+        here = [a for a in attempts if self._mine(a) and a.failure is not None]
         if len(here) > self.cluster.max_failures:
             return (
                 f"not restarted: {len(here)} failures in this job (cluster.max_failures={self.cluster.max_failures})."
@@ -394,7 +382,7 @@ class Supervisor:
             )
         stalled = 0
         for attempt in reversed(attempts):
-            if not attempt.get("failure") or _made_progress(attempt):
+            if attempt.failure is None or _made_progress(attempt):
                 break
             stalled += 1
         if stalled > self.cluster.max_stalled_failures:
@@ -405,12 +393,10 @@ class Supervisor:
             )
         return None
 
-    def _give_up(self, entry: dict[str, Any] | None, why: str) -> int:
+    def _give_up(self, entry: AttemptRecord | None, why: str) -> int:
         _say(f"giving up (exit {EXIT_GAVE_UP}): {why}")
         if entry is not None:
-            entry["outcome"] = "gave_up"
-            entry["message"] = why
-            self._save_attempt(entry)
+            self._save_attempt(replace(entry, outcome=AttemptOutcome.GAVE_UP, message=why))
         return EXIT_GAVE_UP
 
 

@@ -66,7 +66,7 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
     else:
         fit = _train(rd, env, cfg, attempt, startup)
     if fit.completed:
-        return Outcome(RankState.COMPLETED, fit.step or 0, fit.peak)
+        return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak)
     return after_stop(rd, env, cfg, attempt, fit)
 
 
@@ -142,7 +142,13 @@ def _fit(
     startup.done()
     try:
         result = trainer.fit()
-        fit = Fit(result == COMPLETED, trainer.start_step, trainer.step, trainer.stopped_by, trainer.observer.memory())
+        fit = Fit(
+            completed=result == COMPLETED,
+            start_step=trainer.start_step,
+            step=trainer.step,
+            signal=trainer.stopped_by,
+            peak=trainer.observer.memory(),
+        )
     except BaseException as exc:
         exc.hpc_train_step = trainer.step  # type: ignore[attr-defined]  # "the same step" tells a repeated failure
         raise

@@ -19,12 +19,14 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write, read_json
 from hpc_train.core.metrics import metric_keys
+from hpc_train.core.records import AttemptRecord
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table
@@ -118,25 +120,25 @@ def _state(run_dir: RunDir) -> JobState:
     return job_state(run_dir, _world_size(run_dir))
 
 
-def _goodput(run_dir: RunDir, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+def _goodput(run_dir: RunDir, attempts: list[AttemptRecord]) -> dict[str, Any]:
     """The goodput ledger, brought up to now while the job runs (the supervisor writes it at each attempt's
     start and end; the running attempt's progress is on disk)."""
     from hpc_train.core.goodput import ledger
 
     if not attempts:
         return {}
-    if attempts[-1].get("end") is None:
-        attempts = [*attempts[:-1], {**attempts[-1], "progress": run_dir.read_progress(0)}]
-    return ledger(run_dir.read_allocations(), attempts)
+    if attempts[-1].end is None:
+        attempts = [*attempts[:-1], replace(attempts[-1], progress=run_dir.progress_record(0))]
+    return ledger(run_dir.allocation_records(), attempts)
 
 
-def _failure_tail(run_dir: RunDir, attempts: list[dict[str, Any]], lines: int = 8) -> str:
+def _failure_tail(run_dir: RunDir, attempts: list[AttemptRecord], lines: int = 8) -> str:
     """The last failure's class, rank, host and traceback tail, for a job whose supervisor recorded one."""
-    failure = (attempts[-1].get("failure") or {}) if attempts else {}
-    if not failure:
+    failure = attempts[-1].failure if attempts else None
+    if failure is None:
         return ""
-    tail = "\n".join("    " + line for line in str(failure.get("traceback", "")).strip().splitlines()[-lines:])
-    head = f"  {run_dir.path}: attempt {attempts[-1].get('attempt')}: {failure.get('describe', '?')}"
+    tail = "\n".join("    " + line for line in failure.traceback.strip().splitlines()[-lines:])
+    head = f"  {run_dir.path}: attempt {attempts[-1].attempt}: {failure.describe()}"
     return head + ("\n" + tail if tail else "")
 
 
@@ -164,9 +166,10 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         step = _step(state)
         attempts = state.attempts
         goodput = _goodput(rd, attempts)
-        attempt = attempts[-1].get("attempt") if attempts else None
+        last = attempts[-1] if attempts else None
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
         lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
+        attempt = last.attempt if last is not None else None
         rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, state.detail or "-"])
         tail = "" if state.ok else _failure_tail(rd, attempts)
         if tail:
@@ -181,7 +184,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "ok": state.ok,
                 "step": step,
                 "attempt": attempt,
-                "failure": (attempts[-1].get("failure") if attempts else None),
+                "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
                 "goodput": goodput,
                 "detail": state.detail,
                 "squeue": state.squeue,

@@ -116,7 +116,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_finite_state(run_cli) -> No
     # From a real failure report: classified as its own fatal kind, so Slurm neither retries nor requeues it.
     from hpc_train.runtime.failures import SrunReport, classify
 
-    failure = classify(statuses, SrunReport.parse([]), 1)
+    failure = classify(RunDir(run_dir).rank_statuses(), SrunReport.parse([]), 1)  # typed: core.records.RankStatus
     assert failure.kind == "diverged" and not failure.retryable
 
 

@@ -5,13 +5,16 @@ The whole of it runs on the real testbed in tests/integration/test_recovery_slur
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.goodput import ledger
+from hpc_train.core.records import Allocation, AttemptRecord, RankState, RankStatus
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.sbatch import sbatch_flags
 from hpc_train.runtime.failures import SrunReport, classify
@@ -26,20 +29,34 @@ SRUN_KILL = [
 ]
 
 
-def running(rank: int, host: str, step: int = 40) -> dict[str, object]:
-    return {"rank": rank, "state": "running", "host": host, "step": step, "time": 1.0}
+def running(rank: int, host: str, step: int = 40) -> RankStatus:
+    return RankStatus(rank=rank, state=RankState.RUNNING, host=host, step=step, time=1.0)
 
 
-def failed(rank: int, host: str, error: str, step: int = 40, traceback: str = "", t: float = 2.0) -> dict[str, object]:
-    return {
-        "rank": rank,
-        "state": "failed",
-        "host": host,
-        "error": error,
-        "traceback": traceback,
-        "step": step,
-        "time": t,
-    }
+def failed(rank: int, host: str, error: str, step: int = 40, traceback: str = "", t: float = 2.0) -> RankStatus:
+    return RankStatus(
+        rank=rank,
+        state=RankState.FAILED,
+        host=host,
+        error=error,
+        traceback=traceback,
+        step=step,
+        time=t,
+    )
+
+
+def as_allocations(*records: dict[str, Any]) -> list[Allocation]:
+    return [Allocation.from_json(r) for r in records]
+
+
+def as_attempts(*records: dict[str, Any]) -> list[AttemptRecord]:
+    return [AttemptRecord.from_json(r) for r in records]
+
+
+def with_progress(**progress: object) -> AttemptRecord:
+    """A failed attempt that made this progress (a user's script's with ``script=True``)."""
+    script = bool(progress.pop("script", False))
+    return AttemptRecord.from_json({"attempt": 0, "outcome": "failed", "script": script, "progress": progress})
 
 
 def slurm(**kw: object) -> ClusterConfig:
@@ -94,7 +111,7 @@ def test_a_killed_rank_is_the_cause_not_the_peers_it_took_down() -> None:
     ],
 )
 def test_reported_errors_are_classed(error: str, traceback: str, kind: str, retryable: bool) -> None:
-    stopped = running(0, "node1") | {"state": "stopped"}  # srun's SIGTERM after rank 1 failed
+    stopped = replace(running(0, "node1"), state=RankState.STOPPED)  # srun's SIGTERM after rank 1 failed
     statuses = {0: stopped, 1: failed(1, "node1", error, traceback=traceback)}
     failure = classify(statuses, SrunReport.parse(["srun: error: node1: task 1: Exited with exit code 1\n"]), 1)
     assert (failure.kind, failure.retryable, failure.rank) == (kind, retryable, 1)
@@ -102,13 +119,13 @@ def test_reported_errors_are_classed(error: str, traceback: str, kind: str, retr
 
 def test_the_same_exception_at_the_same_step_twice_is_fatal() -> None:
     exit_line = ["srun: error: node1: task 1: Exited with exit code 1\n"]
-    statuses = {1: failed(1, "node1", "RuntimeError: boom", step=12) | {"failed_step": 13}}
+    statuses = {1: replace(failed(1, "node1", "RuntimeError: boom", step=12), failed_step=13)}
     first = classify(statuses, SrunReport.parse(exit_line), 1)
     assert first.kind == "exception" and first.step == 13
-    again = classify(statuses, SrunReport.parse(exit_line), 1, previous=first.as_dict())
+    again = classify(statuses, SrunReport.parse(exit_line), 1, previous=first)
     assert again.kind == "repeated_exception" and not again.retryable
-    elsewhere = {1: failed(1, "node1", "RuntimeError: boom") | {"failed_step": 14}}
-    assert classify(elsewhere, SrunReport.parse(exit_line), 1, previous=first.as_dict()).kind == "exception"
+    elsewhere = {1: replace(failed(1, "node1", "RuntimeError: boom"), failed_step=14)}
+    assert classify(elsewhere, SrunReport.parse(exit_line), 1, previous=first).kind == "exception"
 
 
 def test_a_hang_blames_the_node_of_the_silent_rank() -> None:
@@ -165,10 +182,10 @@ def test_spare_nodes_are_asked_for_and_checked() -> None:
 
 
 def test_progress_is_a_newer_checkpoint() -> None:
-    assert _made_progress({"progress": {"first_step": 31, "checkpoint_step": 40}})
-    assert not _made_progress({"progress": {"first_step": 41, "step": 45}})
-    assert _made_progress({"script": True, "progress": {"first_step": 41, "step": 45}})
-    assert not _made_progress({"progress": {}})
+    assert _made_progress(with_progress(first_step=31, checkpoint_step=40))
+    assert not _made_progress(with_progress(first_step=41, step=45))
+    assert _made_progress(with_progress(script=True, first_step=41, step=45))
+    assert not _made_progress(with_progress())
 
 
 def test_ledger_of_a_restart_in_the_allocation() -> None:
@@ -202,7 +219,7 @@ def test_ledger_of_a_restart_in_the_allocation() -> None:
             "progress": {"first_step": 31, "first_time": 56.0, "step": 70, "time": 95.0},
         },
     ]
-    book = ledger(allocations, attempts, now=200.0)
+    book = ledger(as_allocations(*allocations), as_attempts(*attempts), now=200.0)
     first, second = book["per_attempt"]
     assert (first["kept_step"], first["startup_s"], first["productive_s"], first["redone_s"]) == (30, 9.0, 30.0, 7.0)
     assert (second["kept_step"], second["startup_s"], second["productive_s"]) == (70, 7.0, 40.0)
@@ -210,7 +227,7 @@ def test_ledger_of_a_restart_in_the_allocation() -> None:
     assert book["lost_s"] == 30.0 and book["restart_gaps_s"] == pytest.approx(30.0 - 9 - 7 - 7 - 1)
     assert book["restarts"] == [{"after_attempt": 0, "class": "killed", "in_allocation": True, "latency_s": 11.0}]
     # While the allocation still runs, "now" closes it.
-    assert ledger([{"job_id": "7", "start": 0.0, "end": None}], [], now=50.0)["wall_s"] == 50.0
+    assert ledger(as_allocations({"job_id": "7", "start": 0.0, "end": None}), [], now=50.0)["wall_s"] == 50.0
     assert ledger([], [])["ettr"] == 0.0
 
 
@@ -355,8 +372,8 @@ def test_what_a_killed_batch_step_left_open_is_closed(tmp_path: Path) -> None:
     open; the next allocation closes them at the last sign of life, so they do not count until now."""
     rd = RunDir(tmp_path / "run")
     rd.status_dir.mkdir(parents=True)
-    rd.write_allocations([{"job_id": "9", "start": 100.0, "end": None}])
-    rd.write_attempts([{"attempt": 0, "job_id": "9", "start": 101.0, "end": None, "outcome": "running"}])
+    rd.write_allocations(as_allocations({"job_id": "9", "start": 100.0, "end": None}))
+    rd.write_attempts(as_attempts({"attempt": 0, "job_id": "9", "start": 101.0, "end": None, "outcome": "running"}))
     abandoned = {"first_step": 1, "first_time": 110.0, "step": 50, "time": 160.0}
     rd.write_progress(0, abandoned | {"checkpoint_step": 40, "checkpoint_time": 150.0})
     done = {
@@ -401,10 +418,13 @@ def test_a_requeue_is_not_an_in_allocation_restart() -> None:
         "job_id": "7",
         "start": 0.0,
         "end": 10.0,
+        "outcome": "failed",
         "failure": {"kind": "killed"},
         "progress": {"first_step": 1, "first_time": 2.0, "step": 8, "time": 9.0},
     }
     after = {"attempt": 1, "job_id": "7", "requeue": 1, "start": 20.0, "end": 30.0, "outcome": "completed"}
     after["progress"] = {"first_step": 9, "first_time": 25.0, "step": 20, "time": 29.0}
-    book = ledger([{"job_id": "7", "start": 0.0, "end": 10.0}], [failed_attempt, after], now=40.0)
+    book = ledger(
+        as_allocations({"job_id": "7", "start": 0.0, "end": 10.0}), as_attempts(failed_attempt, after), now=40.0
+    )
     assert book["restarts"][0]["in_allocation"] is False

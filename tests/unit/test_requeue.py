@@ -14,6 +14,7 @@ import pytest
 
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.core.records import RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.distributed import DistEnv
 from hpc_train.distributed.process_group import init_distributed
@@ -21,8 +22,8 @@ from hpc_train.runtime.requeue import refusal, requeue_target
 from hpc_train.train.stopping import StopSignals, signal_number
 
 
-def attempt(resumed: int, stopped: int) -> dict[str, int]:
-    return {"restart": 0, "resumed_step": resumed, "stopped_step": stopped, "signal": 12}
+def attempt(resumed: int, stopped: int) -> RequeueEntry:
+    return RequeueEntry(restart=0, resumed_step=resumed, stopped_step=stopped, signal=12)
 
 
 def test_requeue_target_is_array_aware() -> None:
@@ -88,7 +89,7 @@ def test_preflight_names_the_missing_ranks() -> None:
 def test_unknown_progress_is_not_a_stall() -> None:
     """A user's script that does not report its steps: only cluster.max_restarts limits its requeues."""
     cluster = ClusterConfig(launcher="slurm", max_restarts=5, max_stalled_restarts=0)
-    unknown = {"restart": 0, "resumed_step": None, "stopped_step": None, "signal": 12}
+    unknown = RequeueEntry(restart=0, resumed_step=None, stopped_step=None, signal=12)
     assert refusal([unknown, unknown, unknown], 3, cluster) is None
     assert "max_restarts=5" in str(refusal([unknown], 5, cluster))
 

@@ -1,0 +1,484 @@
+"""The records a run keeps in its ``status/`` folder, typed: one frozen, keyword-only dataclass each.
+
+The JSON on disk is a contract (users' run dirs, ``jobs status --json``, scripts and tests read it), so
+``to_json`` writes the keys and value types hpc_train has always written, and ``from_json`` reads what earlier
+versions wrote: a key they did not write yet is optional. A value of the wrong type is refused with a
+``RecordError`` that names the key, the value and what it should hold. ``salvage`` keeps what is whole of a
+damaged record and says what was not: that is what ``jobs status`` lists under "damaged records".
+
+    status/rank_<r>.json       RankStatus (its state a RankState)
+    status/progress_<r>.json   Progress
+    status/attempts.json       [AttemptRecord]: its AttemptOutcome, its Progress, and its Failure if it failed
+    status/allocations.json    [Allocation]
+    status/restarts.json       [RequeueEntry]
+    status/bad_nodes.json      [BadNode]
+
+``RunDir`` (``hpc_train.core.rundir``) reads and writes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; only for annotations, which are not evaluated
+
+__all__ = [
+    "FATAL_KINDS",
+    "RETRYABLE_KINDS",
+    "Allocation",
+    "AttemptOutcome",
+    "AttemptRecord",
+    "BadNode",
+    "Failure",
+    "Progress",
+    "RankState",
+    "RankStatus",
+    "RecordError",
+    "RequeueEntry",
+]
+
+RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
+FATAL_KINDS = ("repeated_exception", "import", "config", "diverged")
+
+
+class RecordError(ValueError):
+    """A record read from a run dir lacks a key it needs or holds a value of the wrong type."""
+
+    def __init__(self, record: str, problems: list[str]) -> None:
+        super().__init__(f"damaged {record} record: {'; '.join(problems)}")
+        self.problems = problems
+
+
+class _Text(str, enum.Enum):
+    """Written to JSON as its plain string value, which ``str`` gives too (enum.StrEnum needs Python 3.11)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class RankState(_Text):
+    """A rank's state."""
+
+    STARTING = "starting"
+    """Process started, before the rendezvous (slow imports, dataset)."""
+    RUNNING = "running"
+    """Past the rendezvous; the status is rewritten at every logged step."""
+    COMPLETED = "completed"
+    """Trained to the end (or the user's script exited 0)."""
+    FAILED = "failed"
+    """Raised, or was ended by its watchdog; the status holds the error and a traceback."""
+    STOPPED = "stopped"
+    """Checkpointed on a signal (and requeued, on Slurm, within the limits)."""
+
+    @property
+    def live(self) -> bool:
+        """Still expected to report more."""
+        return self in (RankState.STARTING, RankState.RUNNING)
+
+
+class AttemptOutcome(_Text):
+    """What one training step the supervisor ran came to (``status/attempts.json``); JSON holds the value."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    """On a stop signal: the ranks checkpointed (and requeued the job, within the limits)."""
+    FAILED = "failed"
+    """A retryable failure (its ``failure`` says which); the supervisor may start another attempt."""
+    FATAL = "fatal"
+    """A failure that is not retried or requeued: the job ended with EXIT_FATAL."""
+    GAVE_UP = "gave_up"
+    """Retryable, but the limits were spent or no healthy node was left: the job ended with EXIT_GAVE_UP."""
+    LOST = "lost"
+    """Its batch step was killed before it could record how the attempt ended."""
+
+
+# ---- what a key may hold ----------------------------------------------------------------------------------------
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _or_none(valid: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or valid(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class _Key:
+    """What one key of a record may hold, and how the field is made from it."""
+
+    says: str
+    """What the report says of a wrong value: ``key=value <says>``."""
+    valid: Callable[[Any], bool]
+    read: Callable[[Any], Any] = _same
+    required: bool = False
+    nested: type[_Record] | None = None
+    """A record of its own (a JSON object, or null): checked key by key, and read with its ``from_json``."""
+
+
+def _nested(record: type[_Record]) -> _Key:
+    return _Key("is not a JSON object", _or_none(lambda v: isinstance(v, dict)), record.from_json, nested=record)
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as JSON holds it."""
+    if isinstance(value, _Record):
+        return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Record:
+    """``to_json``, ``from_json`` and ``salvage`` for a dataclass whose fields are its JSON keys (``KEYS``)."""
+
+    KEYS: ClassVar[Mapping[str, _Key]]
+    NULLS: ClassVar[frozenset[str]] = frozenset()
+    """Keys written even when their value is None (as JSON null); other None fields are left out."""
+
+    @classmethod
+    def clean(cls, data: object) -> tuple[dict[str, Any] | None, list[str]]:
+        """``data`` less the keys whose value is of the wrong type, with a line for each (None when ``data`` is
+        no JSON object). Keys this record does not know are kept."""
+        if not isinstance(data, Mapping):
+            return None, [f"holds a JSON {type(data).__name__}, not an object"]
+        clean, problems = dict(data), []
+        for key, spec in cls.KEYS.items():
+            if key not in data:
+                continue
+            value = data[key]
+            found = [f"{key}={value!r:.80} {spec.says}"] if not spec.valid(value) else []
+            if not found and spec.nested is not None and value is not None:
+                found = [f"{key}.{problem}" for problem in spec.nested.salvage(value)[1]]
+            if found:
+                problems += found
+                del clean[key]
+        return clean, problems
+
+    @classmethod
+    def salvage(cls, data: object) -> tuple[Self | None, list[str]]:
+        """The record in ``data`` without the values of the wrong type, and what was wrong; None when it is no
+        JSON object, or a key it needs is missing or wrong."""
+        clean, problems = cls.clean(data)
+        if clean is None or not isinstance(data, Mapping):
+            return None, problems
+        needed = [key for key, spec in cls.KEYS.items() if spec.required and key not in clean]
+        if needed:
+            return None, problems + [f"{key} is missing" for key in needed if key not in data]
+        values = {key: spec.read(clean.pop(key)) for key, spec in cls.KEYS.items() if key in clean}
+        return cls._make(values, clean), problems
+
+    @classmethod
+    def _make(cls, values: dict[str, Any], unknown: dict[str, Any]) -> Self:
+        """The record of the known keys' ``values``; the keys it does not know are dropped."""
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, data: object) -> Self:
+        """The record in ``data`` (a JSON object); RecordError when a value is of the wrong type."""
+        record, problems = cls.salvage(data)
+        if record is None or problems:
+            raise RecordError(cls.__name__, problems)
+        return record
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object that holds the record."""
+        values = {key: getattr(self, key) for key in self.KEYS}
+        return {key: _plain(value) for key, value in values.items() if value is not None or key in self.NULLS}
+
+    if TYPE_CHECKING:
+
+        def __init__(self, **values: Any) -> None: ...
+
+
+def _is(choices: type[enum.Enum]) -> Callable[[Any], bool]:
+    return lambda value: value in {c.value for c in choices}
+
+
+_STEP = _Key("is not a step number", _or_none(_integer))
+_TIME = _Key("is not a time stamp", _or_none(_number))
+_HOSTS = _Key("is not a list of hosts", _strings, tuple)
+
+
+# ---- the records ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress(_Record):
+    """The steps one attempt made, with their times (``status/progress_<r>.json``, and each attempt's copy):
+    written by the trainer's rank 0, or by a user's script through ``hpc_train.preemption.should_stop(step)``."""
+
+    first_step: int | None = None
+    """The first step this attempt made: one past the step it resumed from."""
+    first_time: float | None = None
+    """When that step was done (0: not yet)."""
+    step: int | None = None
+    """The latest step, done at ``time``."""
+    time: float | None = None
+    checkpoint_step: int | None = None
+    """The latest checkpoint's step and when it was complete (the trainer only)."""
+    checkpoint_time: float | None = None
+    stop_agreed: bool | None = None
+    """A user's script: ``step`` is the one where the ranks agreed to stop."""
+    attempt: int | None = None
+    """A user's script: the attempt it belongs to."""
+    run: str | None = None
+    """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "first_step": _STEP,
+        "first_time": _TIME,
+        "step": _STEP,
+        "time": _TIME,
+        "checkpoint_step": _STEP,
+        "checkpoint_time": _TIME,
+        "stop_agreed": _Key("is not true or false", _or_none(lambda v: isinstance(v, bool))),
+        "attempt": _Key("is not an attempt number", _or_none(_integer)),
+        "run": _Key("is not a run dir's path", _or_none(_string)),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure(_Record):
+    """What a failed training step died of (``hpc_train.runtime.failures.classify``), in its attempt's record."""
+
+    kind: str
+    """One of RETRYABLE_KINDS or FATAL_KINDS."""
+    rank: int | None = None
+    host: str = ""
+    error: str = ""
+    traceback: str = ""
+    step: int | None = None
+    suspects: tuple[str, ...] = ()
+    """Hosts blamed: a killed rank's, a lost node, a frozen rank's."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "kind": _Key("is not a failure class", _string, required=True),
+        "rank": _Key("is not a rank number", _or_none(_integer)),
+        "host": _Key("is not a host name", _string),
+        "error": _Key("is not a string", _string),
+        "traceback": _Key("is not a string", _string),
+        "step": _STEP,
+        "suspects": _HOSTS,
+    }
+    NULLS = frozenset({"rank", "step"})
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_KINDS
+
+    def same_as(self, earlier: Failure | None) -> bool:
+        """The same Python exception from the same step as ``earlier`` (the last attempt's failure)."""
+        return (
+            earlier is not None
+            and earlier.kind in ("exception", "repeated_exception")
+            and earlier.error == self.error
+            and earlier.step == self.step
+        )
+
+    def describe(self) -> str:
+        where = f"rank {self.rank} on {self.host}" if self.rank is not None else self.host or "the step"
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.kind} ({'retryable' if self.retryable else 'fatal'}): {where}{at}: {self.error}"
+
+    def to_json(self) -> dict[str, Any]:
+        """With ``retryable`` and ``describe``, for readers of the file (they are not read back)."""
+        return {**super().to_json(), "retryable": self.retryable, "describe": self.describe()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptRecord(_Record):
+    """One training step the Slurm supervisor ran (``status/attempts.json``), whatever it came to."""
+
+    attempt: int
+    outcome: AttemptOutcome
+    job_id: str = ""
+    """The Slurm job it ran in (``<array job>_<index>`` for an array element)."""
+    requeue: int = 0
+    """Slurm's restart count of that job: a requeue keeps the job id, so the two name the allocation."""
+    nodes: tuple[str, ...] = ()
+    start: float | None = None
+    end: float | None = None
+    """None while it runs."""
+    script: bool = False
+    """A user's script ran, rather than the trainer: its progress is its steps, not its checkpoints."""
+    exit_code: int | None = None
+    """srun's exit status, once it ended."""
+    progress: Progress | None = None
+    """Rank 0's progress when the attempt ended."""
+    failure: Failure | None = None
+    message: str | None = None
+    """Why the supervisor gave up, or why the attempt was closed by the next allocation."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "attempt": _Key("is not an attempt number", _integer, required=True),
+        "outcome": _Key(
+            "is not an outcome (running, completed, stopped, failed, ...)",
+            _is(AttemptOutcome),
+            AttemptOutcome,
+            required=True,
+        ),
+        "job_id": _Key("is not a job id", _string),
+        "requeue": _Key("is not a restart count", _integer),
+        "nodes": _HOSTS,
+        "start": _TIME,
+        "end": _TIME,
+        "script": _Key("is not true or false", lambda v: isinstance(v, bool)),
+        "exit_code": _Key("is not an exit status", _integer),
+        "progress": _nested(Progress),
+        "failure": _nested(Failure),
+        "message": _Key("is not a string", _string),
+    }
+    NULLS = frozenset({"end"})
+
+    @property
+    def allocation(self) -> tuple[str, int]:
+        """Which allocation it ran in: the job id and Slurm's restart count."""
+        return self.job_id, self.requeue
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation(_Record):
+    """One Slurm allocation the run held (``status/allocations.json``): the goodput ledger's wall time."""
+
+    job_id: str = ""
+    requeue: int = 0
+    nodes: tuple[str, ...] = ()
+    start: float
+    end: float | None = None
+    """None while the job holds it."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "job_id": AttemptRecord.KEYS["job_id"],
+        "requeue": AttemptRecord.KEYS["requeue"],
+        "nodes": _HOSTS,
+        "start": _Key("is not a time stamp", _number, required=True),
+        "end": _TIME,
+    }
+    NULLS = frozenset({"end"})
+
+    @property
+    def allocation(self) -> tuple[str, int]:
+        return self.job_id, self.requeue
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequeueEntry(_Record):
+    """An attempt that stopped on the preemption signal and asked to be requeued (``status/restarts.json``)."""
+
+    restart: int
+    """The attempt's number."""
+    resumed_step: int | None = None
+    """The step it resumed from, and the one it stopped at (None: a user's script that reports no steps)."""
+    stopped_step: int | None = None
+    signal: int
+    time: float | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "restart": _Key("is not an attempt number", _integer, required=True),
+        "resumed_step": _STEP,
+        "stopped_step": _STEP,
+        "signal": _Key("is not a signal number", _integer, required=True),
+        "time": _TIME,
+    }
+    NULLS = frozenset({"resumed_step", "stopped_step"})
+
+    @property
+    def progressed(self) -> bool:
+        """It made a step beyond the one it resumed from, or that is not known."""
+        resumed, stopped = self.resumed_step, self.stopped_step
+        return resumed is None or stopped is None or stopped > resumed
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadNode(_Record):
+    """A node blamed for a failure (``status/bad_nodes.json``): later attempts leave it out when spares allow."""
+
+    host: str
+    why: str = ""
+    attempt: int | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "host": _Key("is not a host name", _string, required=True),
+        "why": _Key("is not a string", _string),
+        "attempt": _Key("is not an attempt number", _or_none(_integer)),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankStatus(_Record):
+    """What a rank says about itself (``status/rank_<r>.json``): its state, host and process, rewritten at every
+    logged step while it trains (a heartbeat), and at its end."""
+
+    rank: int
+    state: RankState
+    host: str | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    """When the process started, in clock ticks since boot: with the pid, it names one process."""
+    time: float | None = None
+    run: str | None = None
+    """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
+    attempt: int | None = None
+    """The supervisor's attempt number (Slurm)."""
+    restart: int | None = None
+    """The attempt the worker counted (``RunDir.attempt``)."""
+    step: int | None = None
+    failed_step: int | None = None
+    """The trainer's step when it raised (or the last step a user's script reported)."""
+    error: str | None = None
+    traceback: str | None = None
+    signal: int | None = None
+    """The stop signal a stopped rank checkpointed on."""
+    requeued: str | None = None
+    """What ``scontrol requeue`` was asked to requeue."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys the record does not name (the peak GPU memory, ``cuda_max_mem_mb``): written as they are."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "rank": _Key("is not a rank number", lambda v: _integer(v) and v >= 0, required=True),
+        "state": _Key(f"is none of {', '.join(s.value for s in RankState)}", _is(RankState), RankState, required=True),
+        "host": _Key("is not a host name", _string),
+        "pid": _Key("is not a process id", lambda v: _integer(v) and v > 0),
+        "pid_start": _Key("is not an integer (clock ticks since boot)", _integer),
+        "time": _Key("is not a time stamp (seconds since the epoch)", _number),
+        "run": _Key("is not a run dir's path", _string),
+        "attempt": _Key("is not an attempt number", _integer),
+        "restart": _Key("is not an attempt number", _integer),
+        "step": _STEP,
+        "failed_step": _Key("is not a step number", _integer),
+        "error": _Key("is not a string", _string),
+        "traceback": _Key("is not a string", _string),
+        "signal": _Key("is not a signal number", _integer),
+        "requeued": _Key("is not a job id", _string),
+    }
+
+    @classmethod
+    def _make(cls, values: dict[str, Any], unknown: dict[str, Any]) -> Self:
+        return cls(**values, extra=unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), **self.extra}
