@@ -19,6 +19,25 @@ EXIT_GAVE_UP = 87
 max_stalled_failures) or no healthy node is left."""
 
 
+_failed_at: tuple[BaseException, int] | None = None
+"""The failure this process reports and the step it came at (``tag_step``): a process reports one failure."""
+
+
+def tag_step(error: BaseException, step: int) -> None:
+    """Note that ``error`` ended training at ``step`` ("the same step" tells a repeated failure), without
+    changing the exception: its type, message and traceback stay the ones the user and the classifier see.
+    (Built-in exceptions take no weak references, and an attribute set on a foreign exception is a patch.)"""
+    global _failed_at
+    _failed_at = (error, step)
+
+
+def failed_step(error: BaseException) -> int | None:
+    """The step ``tag_step`` noted for this very exception, or None."""
+    if _failed_at is not None and _failed_at[0] is error:
+        return _failed_at[1]
+    return None
+
+
 class HpcTrainError(Exception):
     """Base class of every error hpc_train raises on purpose."""
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from hpc_train.core.errors import failed_step
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
 from hpc_train.core.records import (
@@ -467,9 +468,9 @@ class RunDir:
         exception's, or its ``detail`` when it carries one (a user script's own stderr)."""
         extra: dict[str, Any] = {}
         if isinstance(error, BaseException):
-            failed_step = getattr(error, "hpc_train_step", None)  # the trainer's step when it raised
-            if isinstance(failed_step, int):
-                extra["failed_step"] = failed_step
+            step_of_failure = failed_step(error)  # the trainer's step when it raised
+            if step_of_failure is not None:
+                extra["failed_step"] = step_of_failure
             carried = getattr(error, "detail", None)
             if detail is None:
                 detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])

@@ -1,8 +1,8 @@
 """Deliberate faults, a testing aid: ``HPC_TRAIN_FAULT="rank=1,step=3,kind=raise"`` makes a run fail on purpose.
 
 Not a setting for users: the test suite sets it to prove that failures are caught, reported and recovered
-from. The worker reads it once, logs a warning on every rank when it is set, and passes the fault to the
-trainer like the stop signals and the watchdog, which call its two hooks; without it they are never called.
+from. The worker reads it once, logs a warning on every rank when it is set, and passes it to the trainer as
+one of its observers (``FaultObserver``: called after every step, and wrapping the checkpoint writer).
 
 kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), no cleanup), ``kill`` (SIGKILL to
 itself), ``term`` / ``usr2`` / ``int`` (that signal to itself, as Slurm or Ctrl-C would send it), ``hang`` (sleeps
@@ -18,20 +18,19 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
 from hpc_train.core.rundir import RunDir
+from hpc_train.train.hooks import Serialize, StepObserver
 
-__all__ = ["VARIABLE", "Fault", "armed_fault", "fault_from_env"]
+__all__ = ["VARIABLE", "Fault", "FaultObserver", "armed_fault", "fault_from_env"]
 
 VARIABLE = "HPC_TRAIN_FAULT"
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr2": signal.SIGUSR2, "int": signal.SIGINT}
 KINDS = ("raise", "exit", "hang", "freeze", "killsave", *_SIGNALS)
 log = logging.getLogger(__name__)
-
-Serialize = Callable[[Any, IO[bytes]], None]
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,20 @@ class Fault:
             serialize(state, f)
 
         return serialize_or_die
+
+
+@dataclass(frozen=True)
+class FaultObserver(StepObserver):
+    """The fault as one of the trainer's observers, on this rank."""
+
+    fault: Fault
+    rank: int
+
+    def on_step(self, step: int) -> None:
+        self.fault.at_step(self.rank, step)
+
+    def checkpoint_writer(self, serialize: Serialize) -> Serialize:
+        return self.fault.checkpoint_writer(self.rank, serialize)
 
 
 def fault_from_env(value: str | None = None, attempt: int = 0) -> Fault | None:

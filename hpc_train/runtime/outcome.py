@@ -1,4 +1,5 @@
-"""What one rank's run came to: the state it ends in, and what training reported."""
+"""What one rank's run came to: the state it ends in, and what training reported (``Fit``, the trainer's
+``FitResult``, or a user script's)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hpc_train.core.records import RankState
+from hpc_train.train.hooks import FitResult as Fit
 
 __all__ = ["Fit", "Outcome"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fit:
-    """What ``Trainer.fit`` reported, kept after the trainer is released."""
-
-    completed: bool
-    """False: stopped on a signal after every rank saved the checkpoint of ``step``."""
-    start_step: int | None
-    step: int | None
-    """None for a user's script that did not report its steps (``hpc_train.preemption.should_stop(step)``)."""
-    signal: int
-    peak: Mapping[str, float] = field(default_factory=dict)
-    """The peak GPU memory the heartbeats had (empty on CPU); the final status keeps it."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
-from hpc_train.core.errors import LaunchError
+from hpc_train.core.errors import LaunchError, tag_step
 from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
 from hpc_train.core.state import RankState
 from hpc_train.distributed import DistEnv
@@ -199,7 +199,7 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_s
             f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else ""), run.stderr_tail
         )
         if last is not None:
-            error.hpc_train_step = last  # type: ignore[attr-defined]  # the last step the script reported
+            tag_step(error, last)  # the last step the script reported
         raise error
     return Fit(completed=True, start_step=start or 0, step=last or 0, signal=0)
 

@@ -22,7 +22,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import plural
 from hpc_train.distributed import DistEnv, resolve_environment
-from hpc_train.runtime.faults import Fault, armed_fault
+from hpc_train.runtime.faults import Fault, FaultObserver, armed_fault
 from hpc_train.runtime.logs import setup_logging
 from hpc_train.runtime.outcome import Fit, Outcome
 from hpc_train.runtime.startup import Startup
@@ -30,6 +30,7 @@ from hpc_train.runtime.startup import Startup
 if TYPE_CHECKING:
     import torch
 
+    from hpc_train.train.hooks import StepObserver
     from hpc_train.train.stopping import StopSignals
     from hpc_train.train.watchdog import Watchdog
 
@@ -81,7 +82,7 @@ def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup
     with _guards(rd, env, cfg, attempt, startup) as (stop, watchdog), distributed(env, device, *timeouts):
         _publish_rank_table(rd, env, device, attempt)
         rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
-        return _fit(rd, env, cfg, device, stop, watchdog, fault, startup)
+        return _fit(rd, env, cfg, device, stop, _observers(rd, env, watchdog, fault), startup)
 
 
 @contextmanager
@@ -125,33 +126,33 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
         rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
 
 
+def _observers(rd: RunDir, env: DistEnv, watchdog: Watchdog, fault: Fault | None) -> StepObserver:
+    """What watches the trainer: rank 0's goodput progress file, the watchdog, the heartbeat status, and a
+    test's fault (in that order: a fault at step N fires after step N is on record)."""
+    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile
+    from hpc_train.train.hooks import Observers
+
+    progress = [ProgressFile(rd, env.rank)] if env.is_main else []
+    faults = [FaultObserver(fault, env.rank)] if fault is not None else []
+    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank), *faults)
+
+
 def _fit(
     rd: RunDir,
     env: DistEnv,
     cfg: Config,
     device: torch.device,
     stop: StopSignals,
-    watchdog: Watchdog,
-    fault: Fault | None,
+    observer: StepObserver,
     startup: Startup,
 ) -> Fit:
-    """Build the trainer, fit, close; what it reported outlives it."""
-    from hpc_train.train.trainer import COMPLETED, Trainer
+    """Build the trainer, fit, close; what it reported outlives it (a failure carries its step: ``tag_step``)."""
+    from hpc_train.train.trainer import Trainer
 
-    trainer = Trainer(cfg, env, device, rd, stop=stop, watchdog=watchdog, fault=fault)
+    trainer = Trainer(cfg, env, device, rd, stop=stop, observer=observer)
     startup.done()
     try:
-        result = trainer.fit()
-        fit = Fit(
-            completed=result == COMPLETED,
-            start_step=trainer.start_step,
-            step=trainer.step,
-            signal=trainer.stopped_by,
-            peak=trainer.observer.memory(),
-        )
-    except BaseException as exc:
-        exc.hpc_train_step = trainer.step  # type: ignore[attr-defined]  # "the same step" tells a repeated failure
-        raise
+        fit = trainer.fit()
     finally:
         trainer.close()
         # Release DDP and its pending gloo/NCCL work before the process group goes: work objects still holding

@@ -12,10 +12,9 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -23,15 +22,13 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config, TrainerConfig
-from hpc_train.core.errors import ConfigError, Diverged
+from hpc_train.core.errors import ConfigError, Diverged, tag_step
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.state import RankState
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.distributed import DistEnv
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,
-    Serialize,
     capture_rng,
     load_init_weights,
     nonfinite_entries,
@@ -42,6 +39,7 @@ from hpc_train.train.checkpoint import (
 from hpc_train.train.data import SYNTHETIC_VERSION, make_datasets, make_loaders
 from hpc_train.train.divergence import DIVERGED_HINT, DivergenceGuard
 from hpc_train.train.early_stopping import EarlyStopping
+from hpc_train.train.hooks import FitResult, StepObserver
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
 from hpc_train.train.optim import build_optimizer, scaled_lr
@@ -50,33 +48,23 @@ from hpc_train.train.schedule import build_scheduler
 from hpc_train.train.stopping import StopSignals
 from hpc_train.train.strategy import wrap_model
 from hpc_train.train.usercode import build_loss, build_metric
-from hpc_train.train.watchdog import Watchdog
+from hpc_train.train.window import MetricsWindow
 
-__all__ = ["COMPLETED", "STOPPED", "Faults", "Trainer"]
+__all__ = ["FitResult", "Trainer"]
 
-COMPLETED = RankState.COMPLETED
-"""fit() trained to the end (max_steps, max_epochs or early stopping)."""
-STOPPED = RankState.STOPPED
-"""fit() stopped on a signal after every rank saved the same checkpoint."""
-PROGRESS_EVERY_S = 1.0
-"""How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
 CHECKPOINT_SHARE = 0.01
 """The most of the training time that time-based checkpoints may take: a slower save stretches the interval."""
-
-
-class Faults(Protocol):
-    """Deliberate failures for the test suite (``hpc_train.runtime.faults``); None in a real run."""
-
-    def at_step(self, rank: int, step: int) -> None: ...
-
-    def checkpoint_writer(self, rank: int, serialize: Serialize) -> Serialize: ...
 
 
 log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Trains ``cfg.model`` on ``cfg.data``; rank 0 writes metrics, plots, checkpoints and the final model."""
+    """Trains ``cfg.model`` on ``cfg.data``; rank 0 writes metrics, plots, checkpoints and the final model.
+
+    ``observer`` hears of each step, validation, metrics row and checkpoint (``StepObserver``): the runtime's
+    watchdog, heartbeat and goodput progress file listen there; the trainer knows none of them.
+    """
 
     def __init__(
         self,
@@ -85,20 +73,12 @@ class Trainer:
         device: torch.device,
         run_dir: RunDir,
         stop: StopSignals | None = None,
-        watchdog: Watchdog | None = None,
-        fault: Faults | None = None,
+        observer: StepObserver | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.run_dir = cfg, env, device, run_dir
         self.stop = stop or StopSignals(())
-        self.watchdog = watchdog
-        # Called after every optimizer step with the step number: the watchdog's kick, and a test's fault.
-        self._step_hooks: list[Callable[[int], None]] = []
-        if watchdog is not None:
-            self._step_hooks.append(lambda step: watchdog.kick())
-        if fault is not None:
-            self._step_hooks.append(lambda step: fault.at_step(env.rank, step))
-        serialize: Serialize = torch.save if fault is None else fault.checkpoint_writer(env.rank, torch.save)
-        self.checkpoints = Checkpoints(run_dir, serialize)
+        self.observer = observer or StepObserver()
+        self.checkpoints = Checkpoints(run_dir, self.observer.checkpoint_writer(torch.save))
         tc = cfg.trainer
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.
         torch.manual_seed(tc.seed)
@@ -134,9 +114,7 @@ class Trainer:
         self.step_in_epoch = 0
         """Optimizer steps done in the current epoch: where a resumed run picks the data up again."""
         self._epoch_loader_rng = self.loader_rng.get_state()
-        self.stopped_by = 0
-        """The signal that stopped training (0: none)."""
-        self.observer = Observer(cfg, env, device, run_dir)
+        self.telemetry = Observer(cfg, env, device, run_dir)
         self.progress = tqdm(
             total=self.total_steps,
             desc="train",
@@ -148,20 +126,9 @@ class Trainer:
             dynamic_ncols=False,
             ncols=110,
         )
-        self._fit_start = self._window_start = 0.0
-        self._window_steps = 0
-        # The window's loss stays a tensor on the device: reading it with .item() every step would make the host
-        # wait for the device each step. It is read (and reduced across ranks) only when a row is written.
-        self._window_loss = torch.zeros((), device=device)
-        self._step_lr = self.lr
-        self.first_step_at = 0.0
-        """Wall-clock time (time.time()) when the first optimizer step ended: start-up cost, in metrics.jsonl."""
-        self._first_row_written = False
-        self._progress_at = 0.0
+        self.window = MetricsWindow(device, self.global_batch, self.lr)
         self._saved_step = -1
         """The step of this attempt's latest checkpoint, on every rank (-1: none yet)."""
-        self._checkpointed: tuple[int, float] | None = None
-        """The step and time of this attempt's latest checkpoint."""
         self._checkpoint_every_s = tc.checkpoint_every_min * 60
         """Time-based checkpoints: the interval in force on rank 0 (0: off); stretched when saves are slow."""
         self._last_checkpoint_at = time.monotonic()
@@ -179,23 +146,36 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------------
 
-    def fit(self) -> str:
-        """Train until max_steps, max_epochs, early stopping (COMPLETED) or a stop signal (STOPPED)."""
-        result = self._fit()
-        self.stop.settle()
-        return result
+    def fit(self) -> FitResult:
+        """Train until max_steps, max_epochs, early stopping (completed) or a stop signal (not completed, with
+        the signal). An exception raised on the way is tagged with the step it came at (``core.errors.tag_step``)."""
+        try:
+            completed, signal = self._fit()
+            self.stop.settle()
+            return FitResult(
+                completed=completed,
+                start_step=self.start_step,
+                step=self.step,
+                signal=signal,
+                peak=self.telemetry.memory(),
+            )
+        except BaseException as exc:
+            tag_step(exc, self.step)  # "the same step" tells a repeated failure
+            raise
 
-    def _fit(self) -> str:
+    def _fit(self) -> tuple[bool, int]:
+        """(completed, the stop signal or 0)."""
         self._announce()
-        self._fit_start = self._window_start = time.perf_counter()
+        self.window.start()
         self.model.train()
-        self.observer.start()
+        self.telemetry.start()
+        self.observer.on_start(self.step)
         # Resumed from a checkpoint taken at the very end, or at an early stop that still holds (the same
         # patience): the run is over; running it again must not train on past it.
         stopped_early = 0 < self.cfg.trainer.early_stopping.patience <= self.early_stopping.bad_validations
         if self.step >= self.total_steps or stopped_early:
             self._save_final()
-            return COMPLETED
+            return True, 0
         max_epochs = self.cfg.trainer.epoch_limit or math.inf
         while self.epoch < max_epochs:
             batches = self._epoch_batches()
@@ -203,22 +183,17 @@ class Trainer:
                 self._optimizer_step([next(batches) for _ in range(self.accumulate)])
                 self.step += 1
                 self.step_in_epoch += 1
-                if not self.first_step_at:
-                    self.first_step_at = time.time()
-                    self._report_progress()
-                elif time.monotonic() - self._progress_at >= PROGRESS_EVERY_S:
-                    self._report_progress()
-                for hook in self._step_hooks:
-                    hook(self.step)
+                self.window.stepped()
+                self.observer.on_step(self.step)
                 early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
                 if early_stop or self.step >= self.total_steps:
                     return self._complete()
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
-                self.stopped_by, due = self._agree()
-                if self.stopped_by:
+                stopped_by, due = self._agree()
+                if stopped_by:
                     if self._saved_step != self.step:  # a step-count checkpoint of this very step is the same
-                        self._save_checkpoint(f"signal {self.stopped_by}")
-                    return STOPPED
+                        self._save_checkpoint(f"signal {stopped_by}")
+                    return False, stopped_by
                 if due and self._saved_step != self.step:
                     self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
             self.epoch += 1
@@ -244,14 +219,14 @@ class Trainer:
         self._due_voted = time.monotonic() - self._last_checkpoint_at >= every
         return self._due_voted
 
-    def _complete(self) -> str:
+    def _complete(self) -> tuple[bool, int]:
         """Training reached its end: the divergence flags still in flight are agreed first (a last step that
         went non-finite must not be saved as the result), then the end checkpoint and the final weights."""
         for _ in range(3):  # the flags of the last two steps, and the reduction still in flight (two steps behind)
             self._agree(final=True)
         self._save_end_checkpoint()
         self._save_final()
-        return COMPLETED
+        return True, 0
 
     def _epoch_batches(self) -> Any:
         """An iterator over this epoch's batches, from where a resumed run left off.
@@ -284,7 +259,7 @@ class Trainer:
                     loss = self.loss_fn(self.model(inputs), targets) / self.accumulate
                 scaler.scale(loss).backward()
             step_loss += loss.detach().float()
-        self._window_loss += step_loss
+        window_loss = step_loss
         if self.cfg.trainer.grad_clip_norm:
             scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip_norm)
@@ -300,10 +275,9 @@ class Trainer:
         skipped = None if before is None or after is None else (after < before) & (before >= 1)
         self.divergence.flag(self.step + 1, step_loss, skipped)
         self.optimizer.zero_grad(set_to_none=True)
-        self._step_lr = self.optimizer.param_groups[0]["lr"]
+        self.window.add(window_loss, self.optimizer.param_groups[0]["lr"])
         self.scheduler.step()
-        self._window_steps += 1
-        self.observer.step()
+        self.telemetry.step()
 
     def _scale_tensor(self) -> torch.Tensor | None:
         """fp16's loss scale as the scaler keeps it, a tensor on the device (None without fp16)."""
@@ -324,8 +298,9 @@ class Trainer:
         )
         stop = False
         if last or validate or self.step % tc.log_every_n_steps == 0:
-            self.run_dir.write_status(self.env.rank, RankState.RUNNING, step=self.step, **self.observer.memory())
-            row = self._close_window() | self.observer.memory()
+            memory = self.telemetry.memory()
+            self.observer.on_row(self.step, memory)
+            row = self.window.close(self.step, self.epoch) | memory
             if validate:
                 row |= self.validate()
                 stop = self._early_stop(row)
@@ -337,28 +312,6 @@ class Trainer:
 
     # ---- metrics --------------------------------------------------------------------------------------------
 
-    def _close_window(self) -> dict[str, Any]:
-        """Mean training loss over ranks and steps since the last row, and the global throughput."""
-        stats = torch.stack([self._window_loss, torch.tensor(float(self._window_steps), device=self.device)])
-        dist.all_reduce(stats)  # sums over ranks: [sum of per-step mean losses, steps x world size]
-        now = time.perf_counter()
-        loss_sum, count = stats.tolist()
-        row: dict[str, Any] = {
-            "step": self.step,
-            "epoch": self.epoch,
-            "train_loss": loss_sum / count,
-            "lr": self._step_lr,
-            "samples_per_s": self._window_steps * self.global_batch / max(now - self._window_start, 1e-9),
-            "time_s": now - self._fit_start,
-        }
-        if not self._first_row_written:
-            row["first_step_at"] = self.first_step_at
-            self._first_row_written = True
-        self._window_loss.zero_()
-        self._window_steps = 0
-        self._window_start = now
-        return row
-
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
         """Loss and metric over exactly the validation set: each sample is seen once, on one rank."""
@@ -366,8 +319,7 @@ class Trainer:
         self.raw_model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, metric sum, count
         for inputs, targets in self.val_loader:
-            if self.watchdog is not None:
-                self.watchdog.kick("validating")
+            self.observer.on_phase("validating")
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             with self.precision.autocast():
@@ -401,7 +353,7 @@ class Trainer:
 
     def _report(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
-        self.observer.scalars(row)
+        self.telemetry.scalars(row)
         if self.env.is_main:
             text = " ".join(f"{k}={_shown(k, v)}" for k, v in row.items())
             self.progress.set_postfix(
@@ -440,21 +392,6 @@ class Trainer:
 
     # ---- files ----------------------------------------------------------------------------------------------
 
-    def _report_progress(self) -> None:
-        """Rank 0's steps in this attempt, with their times, for the goodput ledger (status/progress_0.json)."""
-        self._progress_at = time.monotonic()
-        if not self.env.is_main:
-            return
-        record: dict[str, Any] = {
-            "first_step": self.start_step + 1,
-            "first_time": self.first_step_at,
-            "step": self.step,
-            "time": time.time(),
-        }
-        if self._checkpointed is not None:
-            record["checkpoint_step"], record["checkpoint_time"] = self._checkpointed
-        self.run_dir.write_progress(self.env.rank, record)
-
     def _config_dict(self) -> Any:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg))
 
@@ -466,12 +403,11 @@ class Trainer:
         state is gathered to rank 0, which writes the file; the barrier at the end means that when any rank
         returns, the checkpoint is complete on disk.
         """
-        if self.watchdog is not None:
-            self.watchdog.kick("checkpointing")
+        self.observer.on_phase("checkpointing")
         self._refuse_nonfinite_state()
         # Per rank: the random state, and the loss summed since the last metrics row (a row after the resume
         # then averages the same steps as the uninterrupted run's).
-        mine = {"rng": capture_rng(self.device), "window_loss": self._window_loss.detach().cpu()}
+        mine = {"rng": capture_rng(self.device), "window_loss": self.window.loss.detach().cpu()}
         ranks: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(ranks, mine, group=self.control)
         if self.env.is_main:
@@ -479,8 +415,7 @@ class Trainer:
             path = self.checkpoints.save(self._checkpoint_state(ranks), self.step, self.cfg.trainer.keep_checkpoints)
             self._note_save_time(time.monotonic() - started)
             log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
-            self._checkpointed = (self.step, time.time())
-            self._report_progress()
+            self.observer.on_saved(self.step)
         self._saved_step = self.step
         self._last_checkpoint_at = time.monotonic()
         self._due_voted = False
@@ -514,7 +449,7 @@ class Trainer:
                 self.cfg.trainer.checkpoint_every_min,
                 self._checkpoint_every_s / 60,
             )
-        elif self._checkpointed is None:
+        elif self._saved_step < 0:  # the first save of this attempt
             log.info(
                 "a checkpoint takes %.3g s: %.2g%% of the time with one every %.3g min",
                 seconds,
@@ -539,7 +474,7 @@ class Trainer:
             "step_in_epoch": self.step_in_epoch,
             "loader_rng": self._epoch_loader_rng,
             "rng": [r["rng"] for r in ranks],
-            "window": [[r["window_loss"] for r in ranks], self._window_steps],
+            "window": [[r["window_loss"] for r in ranks], self.window.steps],
             "world_size": self.env.world_size,
             "early_stopping": [self.early_stopping.best, self.early_stopping.bad_validations],
             "synthetic_version": SYNTHETIC_VERSION,
@@ -592,10 +527,9 @@ class Trainer:
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
         self._epoch_loader_rng = state["loader_rng"]
         self.early_stopping.best, self.early_stopping.bad_validations = state["early_stopping"]
-        window_losses, self._window_steps = state["window"]
-        self._window_loss.copy_(window_losses[self.env.rank])
+        window_losses, window_steps = state["window"]
+        self.window.restore(window_losses[self.env.rank], window_steps, self.optimizer.param_groups[0]["lr"])
         restore_rng(state["rng"][self.env.rank], self.device)
-        self._step_lr = self.optimizer.param_groups[0]["lr"]
         if self.env.is_main:
             self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()
@@ -666,14 +600,13 @@ class Trainer:
         if self.env.is_main:
             self._save_weights(self.run_dir.model_final)
             log.info("saved %s", self.run_dir.model_final)
-            self._checkpointed = (self.step, time.time())  # the final weights keep every step
-            self._report_progress()
+            self.observer.on_saved(self.step)  # the final weights keep every step
 
     def close(self) -> None:
         """Release files, the profiler and the progress bar; write the plots. Safe after a failure."""
         self.progress.close()
         self.metrics.close()
-        self.observer.close()
+        self.telemetry.close()
 
 
 def binding_limit(tc: TrainerConfig, steps_per_epoch: int) -> str:

@@ -1,0 +1,81 @@
+"""What the runtime watches of training (``StepObserver``s the worker composes and passes to the trainer):
+the watchdog's kick, the rank's heartbeat status and rank 0's goodput progress file."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.state import RankState
+from hpc_train.train.hooks import StepObserver
+from hpc_train.train.watchdog import Watchdog
+
+__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile"]
+
+PROGRESS_EVERY_S = 1.0
+"""How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
+
+
+class Kicks(StepObserver):
+    """Every step, validation batch and checkpoint tells the watchdog that this rank still makes progress."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+
+    def on_step(self, step: int) -> None:
+        self.watchdog.kick()
+
+    def on_phase(self, name: str) -> None:
+        self.watchdog.kick(name)
+
+
+class Heartbeat(StepObserver):
+    """The rank's status, rewritten at every metrics row with its step and peak memory."""
+
+    def __init__(self, run_dir: RunDir, rank: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+
+    def on_row(self, step: int, memory: Mapping[str, float]) -> None:
+        self.run_dir.write_status(self.rank, RankState.RUNNING, step=step, **memory)
+
+
+class ProgressFile(StepObserver):
+    """Rank 0's steps in this attempt, with their times, for the goodput ledger (status/progress_0.json):
+    written at the first step, then every PROGRESS_EVERY_S, and after each checkpoint and the final weights."""
+
+    def __init__(self, run_dir: RunDir, rank: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+        self.start_step = self.step = 0
+        self.first_time = 0.0
+        self._written_at = 0.0
+        self._saved: tuple[int, float] | None = None
+
+    def on_start(self, step: int) -> None:
+        self.start_step = self.step = step
+
+    def on_step(self, step: int) -> None:
+        self.step = step
+        if not self.first_time:
+            self.first_time = time.time()
+            self._write()
+        elif time.monotonic() - self._written_at >= PROGRESS_EVERY_S:
+            self._write()
+
+    def on_saved(self, step: int) -> None:
+        self.step = step
+        self._saved = (step, time.time())
+        self._write()
+
+    def _write(self) -> None:
+        self._written_at = time.monotonic()
+        record: dict[str, Any] = {
+            "first_step": self.start_step + 1,
+            "first_time": self.first_time,
+            "step": self.step,
+            "time": time.time(),
+        }
+        if self._saved is not None:
+            record["checkpoint_step"], record["checkpoint_time"] = self._saved
+        self.run_dir.write_progress(self.rank, record)
