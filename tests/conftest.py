@@ -98,3 +98,24 @@ def wait_for_step(
         assert alive(), f"the run ended before attempt {attempt} reached step {step}: {starts}, {reached}"
         assert time.monotonic() < deadline, f"attempt {attempt} never reached step {step}: {starts}, {reached}"
         time.sleep(0.05)
+
+
+class Background:
+    """A command started now and waited for only when a test needs what it wrote (an uninterrupted baseline run,
+    beside the run a test interrupts). Its output goes to ``<log>``: a pipe nobody reads would fill and stall it."""
+
+    def __init__(self, argv: list[str], result: Path, log: Path, timeout: float = 300) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.result, self.log, self.timeout = result, log, timeout
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    def ready(self) -> Path:
+        """``result`` once the command has exited 0."""
+        try:
+            code = self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"{self.proc.args} still running after {self.timeout}s") from None
+        assert code == 0, f"{self.proc.args} exited {code}: {self.log.read_text()[-3000:]}"
+        return self.result

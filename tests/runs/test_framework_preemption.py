@@ -12,24 +12,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..conftest import REPO
+from ..conftest import REPO, Background
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "hpc_train" / "examples" / "lightning_script.py"
 
 
-def run(root: Path, *extra: str) -> None:
+def command(root: Path, *extra: str) -> list[str]:
     args = ",".join(["--out", str(root / "out"), "--steps", "20", "--sleep", "0", *extra])
     argv = ["-m", "hpc_train", "cluster.tasks_per_node=2", f"hydra.run.dir={root / 'run'}", f"script.path={SCRIPT}"]
-    proc = subprocess.run([sys.executable, *argv, f"script.args=[{args}]"], capture_output=True, text=True, timeout=300)
+    return [sys.executable, *argv, f"script.args=[{args}]"]
+
+
+def run(root: Path, *extra: str) -> None:
+    proc = subprocess.run(command(root, *extra), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_a_stop_at_the_epochs_last_batch_resumes_into_the_next_epoch_exactly(tmp_path: Path) -> None:
     pytest.importorskip("lightning", reason="from the test extra: pip install -e '.[test]'")
     pytest.importorskip("torchdata", reason="from the test extra: pip install -e '.[test]'")
-    run(tmp_path / "baseline")
+    baseline = Background(command(tmp_path / "baseline"), tmp_path / "baseline", tmp_path / "baseline.out")
     # 2 ranks x 8 samples a batch over 256 samples: 16 steps an epoch. Signalled at step 14, the ranks agree
     # at 16, the epoch's last batch; the callback saves one step later, at the next epoch's first batch.
     run(tmp_path / "stopped", "--signal-at", "14")
@@ -39,6 +43,6 @@ def test_a_stop_at_the_epochs_last_batch_resumes_into_the_next_epoch_exactly(tmp
     run(tmp_path / "stopped", "--signal-at", "14")
     assert (out / "starts.txt").read_text().split() == ["0", "17"]
     final, expected = (
-        torch.load(p / "out" / "final.pt", weights_only=True) for p in (tmp_path / "stopped", tmp_path / "baseline")
+        torch.load(p / "out" / "final.pt", weights_only=True) for p in (tmp_path / "stopped", baseline.ready())
     )
     assert all(torch.equal(final[k], expected[k]) for k in expected), "the resumed run's weights differ"

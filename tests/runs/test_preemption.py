@@ -15,7 +15,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import assert_bitwise_equal, start_in_foreground
+from ..conftest import Background, assert_bitwise_equal, start_in_foreground
 
 # Dropout draws from each rank's own generator; 1400 samples / (2 x 32) = 19 steps an epoch, so 35 steps cross an
 # epoch boundary and a stop at step 13 is mid-epoch.
@@ -37,20 +37,15 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Background:
+    """The uninterrupted run, beside the first test's interrupted one (the faults fire at fixed steps)."""
     run_dir = tmp_path_factory.mktemp("baseline") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *JOB],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run_dir
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *JOB]
+    return Background(argv, run_dir, run_dir.parent / "launcher.out", timeout=240)
 
 
 @pytest.mark.parametrize("fault", ["rank=1,step=13,kind=term", "rank=0,step=18,kind=usr2"])
-def test_stop_and_resume_is_bit_identical(run_cli, baseline: Path, fault: str) -> None:  # type: ignore[no-untyped-def]
+def test_stop_and_resume_is_bit_identical(run_cli, baseline: Background, fault: str) -> None:  # type: ignore[no-untyped-def]
     """A signal to one rank stops all of them at the same step with one checkpoint; the rerun finishes exactly."""
     stopped, run_dir = run_cli(*JOB, env={"HPC_TRAIN_FAULT": fault})
     assert stopped.returncode == 130, stopped.stderr[-3000:]
@@ -64,13 +59,13 @@ def test_stop_and_resume_is_bit_identical(run_cli, baseline: Path, fault: str) -
 
     resumed, _ = run_cli(*JOB, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_bitwise_equal(baseline, run_dir)
-    assert losses(run_dir) == losses(baseline)  # metrics rows too: none lost, none twice
+    assert_bitwise_equal(baseline.ready(), run_dir)
+    assert losses(run_dir) == losses(baseline.ready())  # metrics rows too: none lost, none twice
     assert (run_dir / "logs" / "rank_0.restart1.log").is_file() and (run_dir / "logs" / "rank_1.log").is_file()
     assert "resumed from" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
 
 
-def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Path) -> None:  # type: ignore[no-untyped-def]
+def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Background) -> None:  # type: ignore[no-untyped-def]
     """SIGKILL halfway through writing a checkpoint, then bits flipped in the newest one that was written, and a
     foreign file where the next one goes: the resumed run removes the killed writer's temp file, sets the damaged
     checkpoint aside, takes the one before, keeps the foreign file, and still ends bit-identical."""
@@ -93,7 +88,7 @@ def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Path) -> None: 
     assert "set aside as step_000000010.pt.damaged" in log and "resumed from" in log and "step_000000005.pt" in log
     assert not list(folder.glob(".*.tmp")) and (folder / "step_000000010.pt.damaged").is_file()
     assert [p.read_bytes() for p in folder.glob("step_000000015.pt.not-ours-*")] == [b"not ours"]
-    assert_bitwise_equal(baseline, run_dir)
+    assert_bitwise_equal(baseline.ready(), run_dir)
 
 
 def test_divergence_stops_the_run_and_keeps_the_last_finite_state(run_cli) -> None:  # type: ignore[no-untyped-def]

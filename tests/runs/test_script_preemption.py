@@ -16,7 +16,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO, start_in_foreground, wait_for_step
+from ..conftest import REPO, Background, start_in_foreground, wait_for_step
 
 LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
@@ -46,15 +46,14 @@ def interrupted(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Background:
+    """The uninterrupted run, beside the interrupted one (which is stopped at a step it has reached)."""
     root = tmp_path_factory.mktemp("baseline")
     (root / "out").mkdir()
-    proc = subprocess.run(command(root / "run", root / "out"), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root / "out" / "final.pt"
+    return Background(command(root / "run", root / "out"), root / "out" / "final.pt", root / "launcher.out")
 
 
-def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Path) -> None:
+def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Background) -> None:
     run_dir, out = tmp_path / "run", tmp_path / "out"
     stopped = interrupted(run_dir, out)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
@@ -71,5 +70,5 @@ def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Path
     starts = [int(s) for s in (out / "starts.txt").read_text().split()]
     assert starts[0] == 0 and starts[1] > 0, starts
     assert (RunDir(run_dir).logs / "rank_0.restart1.log").exists()  # the second attempt's logs are its own
-    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline))
+    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
     assert all(torch.equal(final[k], expected[k]) for k in expected), "the resumed run's weights differ"
