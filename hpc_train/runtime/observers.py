@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
+from hpc_train.core.records import Progress
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.train.hooks import StepObserver
@@ -70,12 +70,13 @@ class ProgressFile(StepObserver):
 
     def _write(self) -> None:
         self._written_at = time.monotonic()
-        record: dict[str, Any] = {
-            "first_step": self.start_step + 1,
-            "first_time": self.first_time,
-            "step": self.step,
-            "time": time.time(),
-        }
-        if self._saved is not None:
-            record["checkpoint_step"], record["checkpoint_time"] = self._saved
+        saved_step, saved_time = self._saved if self._saved is not None else (None, None)
+        record = Progress(
+            first_step=self.start_step + 1,
+            first_time=self.first_time,
+            step=self.step,
+            time=time.time(),
+            checkpoint_step=saved_step,
+            checkpoint_time=saved_time,
+        )
         self.run_dir.write_progress(self.rank, record)
