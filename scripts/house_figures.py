@@ -128,6 +128,15 @@ def records(root: Path) -> None:
         f"trainer: {lines(trainer)} lines, Trainer.__init__ sets {init_attributes(trainer, 'Trainer')} attributes;"
         f" supervisor: {lines(supervisor)} lines"
     )
+    parts = [root / f"hpc_train/runtime/{name}.py" for name in ("ledger", "retry", "srun")]
+    split = ", ".join(f"{p.stem} {lines(p)}" for p in parts if p.exists())
+    print(f"supervisor's parts: {split or 'none'}")
+    readers = sorted(
+        p.relative_to(root).as_posix()
+        for p, t in texts.items()
+        if re.search(r'environ(\.get\(|\[)\s*("SLURM_RESTART_COUNT"|"HPC_TRAIN_ATTEMPT"|ATTEMPT_VARIABLE)', t)
+    )
+    print(f"modules that read the restart count or attempt from the environment: {len(readers)} ({', '.join(readers)})")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from typing import Any
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import is_live, pid_alive, process_start, rank_process_alive
 
@@ -149,13 +150,8 @@ def _judge(record: dict[str, Any], probe: JobProbe | None) -> Owner:
         return Owner(record, False, "the process is gone")
     allocation = record.get("allocation")
     if allocation:  # cluster.submit=here: a launcher inside a Slurm allocation, maybe a batch script of one's own
-        restart, recorded = os.environ.get("SLURM_RESTART_COUNT", "0"), record.get("restart")
-        if (
-            os.environ.get("SLURM_JOB_ID") == str(allocation)
-            and restart.isdigit()
-            and isinstance(recorded, int)
-            and int(restart) > recorded
-        ):
+        here, recorded = JobIdentity.from_environ(), record.get("restart")
+        if here.job_id == str(allocation) and isinstance(recorded, int) and here.requeues > recorded:
             return Owner(record, False, f"Slurm requeued allocation {allocation} since, ending that launcher")
         if probe is not None and probe(str(allocation))[0] is False:
             return Owner(record, False, f"its allocation {allocation} has ended")

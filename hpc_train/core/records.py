@@ -406,12 +406,6 @@ class RequeueEntry(_Record):
     }
     NULLS = frozenset({"resumed_step", "stopped_step"})
 
-    @property
-    def progressed(self) -> bool:
-        """It made a step beyond the one it resumed from, or that is not known."""
-        resumed, stopped = self.resumed_step, self.stopped_step
-        return resumed is None or stopped is None or stopped > resumed
-
 
 @dataclass(frozen=True, kw_only=True)
 class BadNode(_Record):
@@ -445,7 +439,7 @@ class RankStatus(_Record):
     attempt: int | None = None
     """The supervisor's attempt number (Slurm)."""
     restart: int | None = None
-    """The attempt the worker counted (``RunDir.attempt``)."""
+    """The attempt the worker counted (``JobIdentity.attempt``)."""
     step: int | None = None
     failed_step: int | None = None
     """The trainer's step when it raised (or the last step a user's script reported)."""

@@ -43,6 +43,7 @@ from typing import IO, Any, TypeVar
 
 from hpc_train.core.errors import failed_step
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
+from hpc_train.core.identity import ATTEMPT_VARIABLE
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
 from hpc_train.core.records import (
     Allocation,
@@ -74,8 +75,6 @@ before ``overrides.json`` existed."""
 BATCH_EXIT = "status/batch_exit.json"
 """Relative to the run dir: the sbatch script writes it from the shell."""
 _CHECKPOINT_GLOB = "step_*.pt"
-ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
-"""The attempt number the supervisor (or a worker, for a user's script) hands on."""
 
 
 _Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode)
@@ -316,14 +315,6 @@ class RunDir:
         their rank 0 logs here (the run is being resumed). The launcher hands it to every rank."""
         return len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
 
-    @staticmethod
-    def attempt(launched: int = 0, environ: Mapping[str, str] | None = None) -> int:
-        """Which attempt a rank belongs to: the number the Slurm supervisor gave the training step
-        (HPC_TRAIN_ATTEMPT, counting requeues and in-allocation restarts), else Slurm's SLURM_RESTART_COUNT,
-        else the number its launcher handed it (``next_attempt``). It names the rank logs."""
-        environ = os.environ if environ is None else environ
-        return int(environ.get(ATTEMPT_VARIABLE) or environ.get("SLURM_RESTART_COUNT") or launched)
-
     @property
     def attempts(self) -> Path:
         """One entry per training step the Slurm supervisor ran, whatever it came to."""
@@ -443,9 +434,10 @@ class RunDir:
     def read_batch_exit(self) -> dict[str, Any]:
         return _read_dict(self.batch_exit)
 
-    def write_status(self, rank: int, state: RankState | str, **extra: Any) -> None:
-        """Record a rank's state with its host and pid (a string must name a RankState); ``extra`` holds more
-        of RankStatus's keys, of their types (else RecordError), and any others to carry."""
+    def write_status(self, rank: int, state: RankState | str, *, attempt: int | None = None, **extra: Any) -> None:
+        """Record a rank's state with its host and pid (a string must name a RankState). ``attempt``: the
+        supervisor's number for this training step (``JobIdentity.attempt``), kept when given. ``extra`` holds
+        more of RankStatus's keys, of their types (else RecordError), and any others to carry."""
         record = {
             "rank": rank,
             "state": RankState(state).value,
@@ -457,15 +449,18 @@ class RunDir:
         started = process_start(os.getpid())  # tells this process from a later one given the same pid
         if started is not None:  # None without /proc
             record["pid_start"] = started
-        if os.environ.get(ATTEMPT_VARIABLE, "").isdigit():  # set by the Slurm supervisor for each training step
-            record["attempt"] = int(os.environ[ATTEMPT_VARIABLE])
+        if attempt is not None:
+            record["attempt"] = attempt
         status = RankStatus.from_json({**record, **extra})
         # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
         write_json_atomic(self.status_path(rank), status.to_json(), durable=False)
 
-    def write_failure(self, rank: int, error: str | BaseException, detail: str | None = None) -> None:
+    def write_failure(
+        self, rank: int, error: str | BaseException, detail: str | None = None, *, attempt: int | None = None
+    ) -> None:
         """Record that a rank failed, with the last step it reported (its heartbeat) and a traceback: the
-        exception's, or its ``detail`` when it carries one (a user script's own stderr)."""
+        exception's, or its ``detail`` when it carries one (a user script's own stderr). ``attempt`` as for
+        ``write_status``."""
         extra: dict[str, Any] = {}
         if isinstance(error, BaseException):
             step_of_failure = failed_step(error)  # the trainer's step when it raised
@@ -477,7 +472,9 @@ class RunDir:
             error = f"{type(error).__name__}: {error}"
         status = self._status(self.status_path(rank))  # a script's rank may have no step; a damaged record, none
         step = status.step if status is not None and status.step is not None else 0
-        self.write_status(rank, RankState.FAILED, error=error, traceback=detail or "", step=step, **extra)
+        self.write_status(
+            rank, RankState.FAILED, attempt=attempt, error=error, traceback=detail or "", step=step, **extra
+        )
 
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a

@@ -6,7 +6,6 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict, resolve
 from hpc_train.core import owner
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
@@ -52,7 +52,8 @@ def claim_run_dir(cfg: Config, run_dir: RunDir) -> owner.Lease:
     owner (a launcher, or a Slurm job) otherwise. See ``hpc_train.core.owner``."""
     here = cfg.cluster.launcher == "slurm" and cfg.cluster.submit == "here"
     launcher = "slurm submit=here" if here else cfg.cluster.launcher
-    facts = {"allocation": os.environ.get("SLURM_JOB_ID"), "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
+    job = JobIdentity.from_environ()
+    facts = {"allocation": job.job_id, "restart": job.requeues}
     return owner.claim(run_dir.path, launcher, probe=slurm_probe, facts=facts if here else None)
 
 

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from hpc_train.core.rundir import RunDir
 from hpc_train.train.hooks import Serialize, StepObserver
 
 __all__ = ["VARIABLE", "Fault", "FaultObserver", "armed_fault", "fault_from_env"]
@@ -104,7 +103,7 @@ def armed_fault(environ: Mapping[str, str] | None = None, attempt: int = 0) -> F
     """``fault_from_env``, with a warning in every rank's log when a fault is armed: a variable left set in a
     shell would otherwise fail a real run with no hint why."""
     environ = os.environ if environ is None else environ
-    fault = fault_from_env(environ.get(VARIABLE, ""), RunDir.attempt(attempt, environ))
+    fault = fault_from_env(environ.get(VARIABLE, ""), attempt)
     if fault is not None:
         log.warning(
             "%s is set: rank %d will fail on purpose (%s) at step %d. This is a testing aid; unset it for real runs",

@@ -32,13 +32,14 @@ class Kicks(StepObserver):
 
 
 class Heartbeat(StepObserver):
-    """The rank's status, rewritten at every metrics row with its step and peak memory."""
+    """The rank's status, rewritten at every metrics row with its step and peak memory (and the supervisor's
+    attempt number, ``JobIdentity.stamp``)."""
 
-    def __init__(self, run_dir: RunDir, rank: int) -> None:
-        self.run_dir, self.rank = run_dir, rank
+    def __init__(self, run_dir: RunDir, rank: int, attempt: int | None = None) -> None:
+        self.run_dir, self.rank, self.attempt = run_dir, rank, attempt
 
     def on_row(self, step: int, memory: Mapping[str, float]) -> None:
-        self.run_dir.write_status(self.rank, RankState.RUNNING, step=step, **memory)
+        self.run_dir.write_status(self.rank, RankState.RUNNING, attempt=self.attempt, step=step, **memory)
 
 
 class ProgressFile(StepObserver):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.stopping import StopSignals
 
@@ -40,6 +41,8 @@ def _stop_signals() -> list[int]:
 
 
 _signals = StopSignals(_stop_signals()).install()
+_job = JobIdentity.from_environ()
+"""This script process's attempt, as its rank handed it over (HPC_TRAIN_ATTEMPT)."""
 _control: Any = None
 """The group the flag is reduced over: the default group if it is gloo, else a gloo group made once."""
 _agreed = 0
@@ -53,7 +56,7 @@ REPORT_EVERY_S = 1.0
 def restart_count() -> int:
     """0 on the first attempt; k after the job was restarted (requeued, resumed or restarted in its allocation)
     k times."""
-    return RunDir.attempt()
+    return _job.attempt
 
 
 def stop_signal() -> int:

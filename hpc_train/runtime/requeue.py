@@ -1,11 +1,11 @@
-"""Requeue after preemption or the time-limit signal, with limits that count progress.
+"""Requeue after preemption or the time-limit signal, within the run's retry budget.
 
 Runs on rank 0 once every rank has saved the same checkpoint. On Slurm the job asks to be put back in the
 queue with ``scontrol requeue`` (``<array job>_<index>`` for an array element, so that only that element is
-requeued); the restarted job finds the checkpoint in its run dir and goes on. Each stopped attempt is recorded
-in ``status/restarts.json``; requeueing is refused, with the reason, after ``cluster.max_restarts`` restarts or
-when the last attempts made no step of progress (``cluster.max_stalled_restarts``), so a job that cannot get
-anywhere does not cycle through the queue forever.
+requeued: ``JobIdentity.slurm_job``); the restarted job finds the checkpoint in its run dir and goes on. Each
+stopped attempt is recorded in ``status/restarts.json``; requeueing is refused, with the reason, once the
+requeue budget is spent (``runtime.retry``: ``cluster.max_restarts`` requeues, ``cluster.max_stalled_restarts``
+attempts in a row without progress), so a job that cannot get anywhere does not cycle through the queue forever.
 
 ``after_stop`` is the policy in one function: every rank calls it once training stopped on a signal.
 """
@@ -13,7 +13,6 @@ anywhere does not cycle through the queue forever.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -21,11 +20,13 @@ from dataclasses import replace
 
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.errors import LaunchError
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import RankState, RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import at_step
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit, Outcome
+from hpc_train.runtime.retry import RetryBudget, requeue_progressed
 from hpc_train.train.stopping import signal_number
 
 __all__ = ["after_stop", "record_attempt", "refusal", "requeue", "requeue_target"]
@@ -37,10 +38,7 @@ SCONTROL_TIMEOUT_S = 30
 
 def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
     """What ``scontrol requeue`` takes for this job (None outside a Slurm job)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    return environ.get("SLURM_JOB_ID") or None
+    return JobIdentity.from_environ(environ).slurm_job
 
 
 def record_attempt(
@@ -54,26 +52,22 @@ def record_attempt(
 
 
 def refusal(history: Sequence[RequeueEntry], restart: int, cluster: ClusterConfig) -> str | None:
-    """Why this job must not be requeued again (None: requeue it)."""
-    if restart >= cluster.max_restarts:
+    """Why this job must not be requeued again, after ``restart`` requeues (None: requeue it)."""
+    spent = RetryBudget.requeues(cluster).spent(restart, [requeue_progressed(entry) for entry in history])
+    if spent is None:
+        return None
+    if not spent.stalled:
         return (
             f"not requeued: the job was already restarted {restart} times (cluster.max_restarts="
             f"{cluster.max_restarts}). HINT: raise cluster.max_restarts, or resubmit: the run dir resumes from its "
             "last checkpoint"
         )
-    stalled = 0
-    for attempt in reversed(history):
-        if attempt.progressed:  # progress made, or not known
-            break
-        stalled += 1
-    if stalled > cluster.max_stalled_restarts:
-        step = history[-1].stopped_step
-        return (
-            f"not requeued: the last {stalled} attempts stopped without a single new step (stuck at step {step}; "
-            f"cluster.max_stalled_restarts={cluster.max_stalled_restarts}). HINT: the job is signalled before it "
-            "reaches its first step: look at the start-up in the rank logs, or ask for a longer time limit"
-        )
-    return None
+    step = history[-1].stopped_step
+    return (
+        f"not requeued: the last {spent.count} attempts stopped without a single new step (stuck at step {step}; "
+        f"cluster.max_stalled_restarts={cluster.max_stalled_restarts}). HINT: the job is signalled before it "
+        "reaches its first step: look at the start-up in the rank logs, or ask for a longer time limit"
+    )
 
 
 def requeue(target: str) -> None:
@@ -88,7 +82,7 @@ def requeue(target: str) -> None:
         raise LaunchError(f"scontrol requeue {target} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
-def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) -> Outcome:
+def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) -> Outcome:
     """Training stopped on a signal: every rank saved the checkpoint of ``fit.step`` (a user's script saved
     what it saves). On Slurm rank 0 requeues the job, within the limits.
 
@@ -99,22 +93,22 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, fit: Fit) ->
     own = fit.signal == signal_number(cfg.cluster.signal)
     # An allocation a shell holds (cluster.submit=here) is not a batch job: Slurm cannot requeue it.
     requeues = env.source == "slurm" and own and cfg.cluster.submit != "here"
-    target = requeue_target() if requeues else None
+    target = job.slurm_job if requeues else None
     if target is None:
         log.warning("stopped %s on signal %d. Run again with the same run dir to resume", at_step(fit.step), fit.signal)
         return outcome
     if not env.is_main:
         return outcome
-    history = record_attempt(rd, attempt, fit.start_step, fit.step, fit.signal)
-    # Requeues count against cluster.max_restarts; restarts inside an allocation have their own limit.
-    why_not = refusal(history, int(os.environ.get("SLURM_RESTART_COUNT") or 0), cfg.cluster)
+    history = record_attempt(rd, job.attempt, fit.start_step, fit.step, fit.signal)
+    # Requeues spend the requeue budget; restarts inside an allocation spend their own (runtime.retry).
+    why_not = refusal(history, job.requeues, cfg.cluster)
     if why_not is not None:
         raise LaunchError(why_not)
     outcome = replace(outcome, requeued=target)
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
-    rd.write_status(env.rank, outcome.state, step=outcome.step, restart=attempt, **outcome.extra)
+    rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
     log.warning(
-        "stopped %s on signal %d; requeueing %s (restart %d)", at_step(fit.step), fit.signal, target, attempt + 1
+        "stopped %s on signal %d; requeueing %s (restart %d)", at_step(fit.step), fit.signal, target, job.attempt + 1
     )
     requeue(target)
     return outcome

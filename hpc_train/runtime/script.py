@@ -38,7 +38,8 @@ from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
 from hpc_train.core.errors import LaunchError, tag_step
-from hpc_train.core.rundir import ATTEMPT_VARIABLE, RunDir
+from hpc_train.core.identity import ATTEMPT_VARIABLE, JobIdentity
+from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit
@@ -168,13 +169,15 @@ def run_script(
     return ScriptRun(code, stopped_by, stderr.tail())
 
 
-def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_stop: StopSignals | None = None) -> Fit:
+def run_user_script(
+    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, early_stop: StopSignals | None = None
+) -> Fit:
     """The user's torchrun-style script instead of the trainer; it sets up its own process group.
 
     Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported
     through ``hpc_train.preemption``, if it did); raises ScriptError when it failed.
     """
-    rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
+    rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
     rd.progress(env.rank).unlink(missing_ok=True)
     what = cfg.script.path or cfg.script.module or cfg.script.command
     log.info(
@@ -185,7 +188,7 @@ def run_user_script(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, early_s
         env.master_port,
     )
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
-    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, attempt, early_stop)
+    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, job.attempt, early_stop)
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
     start = None if first is None else first - 1

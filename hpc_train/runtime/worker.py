@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_train.config import Config
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import plural
@@ -43,18 +44,19 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
     rd = RunDir(Path(run_dir))
     with Startup() as startup:
         env = resolve_environment()
-        attempt = RunDir.attempt(attempt)
-        rd.write_status(env.rank, RankState.STARTING, restart=attempt)  # before the slow imports: launchers watch it
+        job = JobIdentity.from_environ(launched=attempt)
+        # Before the slow imports: launchers watch it.
+        rd.write_status(env.rank, RankState.STARTING, attempt=job.stamp, restart=job.attempt)
         try:
-            setup_logging(rd, env, attempt)
-            outcome = _run(rd, env, attempt, startup)
+            setup_logging(rd, env, job.attempt)
+            outcome = _run(rd, env, job, startup)
         except BaseException as exc:
-            rd.write_failure(env.rank, exc)
+            rd.write_failure(env.rank, exc, attempt=job.stamp)
             raise
-    rd.write_status(env.rank, outcome.state, step=outcome.step, restart=attempt, **outcome.extra)
+    rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
 
 
-def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
+def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
     from hpc_train.runtime.requeue import after_stop
 
@@ -63,31 +65,31 @@ def _run(rd: RunDir, env: DistEnv, attempt: int, startup: Startup) -> Outcome:
         from hpc_train.runtime.script import run_user_script
 
         startup.done()
-        fit = run_user_script(rd, env, cfg, attempt, early_stop=startup.signals)
+        fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals)
     else:
-        fit = _train(rd, env, cfg, attempt, startup)
+        fit = _train(rd, env, cfg, job, startup)
     if fit.completed:
         return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak)
-    return after_stop(rd, env, cfg, attempt, fit)
+    return after_stop(rd, env, cfg, job, fit)
 
 
-def _train(rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup) -> Fit:
+def _train(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup) -> Fit:
     from hpc_train.distributed import distributed
 
     device = startup.device(cfg, env)
-    fault = armed_fault(attempt=attempt)
+    fault = armed_fault(attempt=job.attempt)
     if fault is not None:
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
-    with _guards(rd, env, cfg, attempt, startup) as (stop, watchdog), distributed(env, device, *timeouts):
-        _publish_rank_table(rd, env, device, attempt)
-        rd.write_status(env.rank, RankState.RUNNING, restart=attempt)
-        return _fit(rd, env, cfg, device, stop, _observers(rd, env, watchdog, fault), startup)
+    with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
+        _publish_rank_table(rd, env, device, job.attempt)
+        rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
+        return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault), startup)
 
 
 @contextmanager
 def _guards(
-    rd: RunDir, env: DistEnv, cfg: Config, attempt: int, startup: Startup
+    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup
 ) -> Iterator[tuple[StopSignals, Watchdog]]:
     """Stop signals and the watchdog, for the whole of training.
 
@@ -99,10 +101,10 @@ def _guards(
 
     stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT, signal.SIGHUP]).install()
     stop.received = stop.received or startup.stop_received  # a stop that came while torch was being imported
-    with rd.rank_log(env.rank, attempt).open("a") as stream:
+    with rd.rank_log(env.rank, job.attempt).open("a") as stream:
 
         def fired(why: str) -> None:
-            rd.write_failure(env.rank, why, "(stacks in the rank log)")
+            rd.write_failure(env.rank, why, "(stacks in the rank log)", attempt=job.stamp)
 
         watchdog = Watchdog(cfg.trainer.watchdog_s, stream, fired).start()
         try:
@@ -126,7 +128,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
         rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
 
 
-def _observers(rd: RunDir, env: DistEnv, watchdog: Watchdog, fault: Fault | None) -> StepObserver:
+def _observers(rd: RunDir, env: DistEnv, job: JobIdentity, watchdog: Watchdog, fault: Fault | None) -> StepObserver:
     """What watches the trainer: rank 0's goodput progress file, the watchdog, the heartbeat status, and a
     test's fault (in that order: a fault at step N fires after step N is on record)."""
     from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile
@@ -134,7 +136,7 @@ def _observers(rd: RunDir, env: DistEnv, watchdog: Watchdog, fault: Fault | None
 
     progress = [ProgressFile(rd, env.rank)] if env.is_main else []
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
-    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank), *faults)
+    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *faults)
 
 
 def _fit(

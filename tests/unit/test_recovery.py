@@ -18,7 +18,8 @@ from hpc_train.core.records import Allocation, AttemptRecord, RankState, RankSta
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.sbatch import sbatch_flags
 from hpc_train.runtime.failures import SrunReport, classify
-from hpc_train.runtime.supervisor import _made_progress, pick_nodes, step_argv
+from hpc_train.runtime.retry import attempt_progressed
+from hpc_train.runtime.supervisor import pick_nodes, step_argv
 from hpc_train.train.watchdog import FROZEN
 
 SRUN_KILL = [
@@ -182,10 +183,10 @@ def test_spare_nodes_are_asked_for_and_checked() -> None:
 
 
 def test_progress_is_a_newer_checkpoint() -> None:
-    assert _made_progress(with_progress(first_step=31, checkpoint_step=40))
-    assert not _made_progress(with_progress(first_step=41, step=45))
-    assert _made_progress(with_progress(script=True, first_step=41, step=45))
-    assert not _made_progress(with_progress())
+    assert attempt_progressed(with_progress(first_step=31, checkpoint_step=40))
+    assert not attempt_progressed(with_progress(first_step=41, step=45))
+    assert attempt_progressed(with_progress(script=True, first_step=41, step=45))
+    assert not attempt_progressed(with_progress())
 
 
 def test_ledger_of_a_restart_in_the_allocation() -> None:
@@ -428,3 +429,22 @@ def test_a_requeue_is_not_an_in_allocation_restart() -> None:
         as_allocations({"job_id": "7", "start": 0.0, "end": 10.0}), as_attempts(failed_attempt, after), now=40.0
     )
     assert book["restarts"][0]["in_allocation"] is False
+
+
+def test_the_ledger_reads_the_attempts_once_per_allocation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor is the attempts' only writer: it reads them when the allocation begins and keeps them."""
+    reads: list[int] = []
+    original = RunDir.checked_attempts
+
+    def counted(self: RunDir) -> tuple[list[AttemptRecord], list[str]]:
+        reads.append(1)
+        return original(self)
+
+    monkeypatch.setattr(RunDir, "checked_attempts", counted)
+    done = {"statuses": {"0": {**DONE, "host": "node1"}, "1": {**DONE, "host": "node2"}}, "progress": STEPPED}
+    plan = [kill_on("node2", 1, STEPPED), kill_on("node2", 1, STEPPED), done]
+    code, rd, calls = supervised(tmp_path, plan, spare_nodes=0)
+    assert code == 0 and len(calls) == 3
+    assert len(reads) == 1
+    monkeypatch.undo()
+    assert [a["outcome"] for a in rd.read_attempts()] == ["failed", "failed", "completed"]

@@ -14,6 +14,7 @@ import pytest
 
 from hpc_train.config import ClusterConfig
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.distributed import DistEnv
@@ -33,8 +34,8 @@ def test_requeue_target_is_array_aware() -> None:
 
 
 def test_restart_count_prefers_slurm(tmp_path: Path) -> None:
-    assert RunDir.attempt(5, {"SLURM_RESTART_COUNT": "2"}) == 2
-    assert RunDir.attempt(1, {}) == 1 and RunDir.attempt(0, {}) == 0
+    assert JobIdentity.from_environ({"SLURM_RESTART_COUNT": "2"}, launched=5).attempt == 2
+    assert JobIdentity.from_environ({}, launched=1).attempt == 1 and JobIdentity.from_environ({}).attempt == 0
     rd = RunDir(tmp_path)
     assert rd.next_attempt() == 0  # a fresh run dir
     rd.logs.mkdir()
