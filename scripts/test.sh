@@ -1,34 +1,78 @@
 #!/usr/bin/env bash
 # The full check: set up, lint, type-check, start the Slurm testbed, run every test (unit, local multi-process
 # runs, real-Slurm integration). Extra arguments go to pytest.
+#
+# What does not depend on each other overlaps: the testbed's apt packages install while pip sets up .venv, and
+# the testbed's jobs run while the unit tests and the local runs run beside them (the testbed's jobs wait on
+# Slurm a good part of the time; two pytest processes keep both cores busy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
+logs=$(mktemp -d)
+
+# The integration tests need the testbed (root, apt). Start it here, and stop it afterwards if we started it.
+testbed_pid=
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (
+        slurm/testbed.sh install
+        if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
+            slurm/testbed.sh start && touch "$logs/started"
+        fi
+    ) >"$logs/testbed.log" 2>&1 &
+    testbed_pid=$!
+else
+    echo "test: not root or no apt-get: the Slurm integration tests will be skipped" >&2
+fi
+local_pid=
+finish() {
+    local code=$?
+    [ -n "$local_pid" ] && { pkill -TERM -P "$local_pid"; kill "$local_pid"; } 2>/dev/null || true
+    [ -n "$testbed_pid" ] && wait "$testbed_pid" 2>/dev/null || true
+    [ -f "$logs/started" ] && slurm/testbed.sh stop || true
+    rm -rf "$logs"
+    exit "$code"
+}
+trap finish EXIT
+
 scripts/setup.sh --test
 .venv/bin/ruff check hpc_train hydra_plugins tests benchmarks conf
 .venv/bin/ruff format --check hpc_train hydra_plugins tests benchmarks conf
 .venv/bin/mypy
+echo "test: set up, linted and type-checked in $((SECONDS - t0))s"
 
-# The integration tests need the testbed (root, apt). Start it here, and stop it afterwards if we started it.
-started_testbed=0
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    slurm/testbed.sh install
-    if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
-        slurm/testbed.sh start
-        started_testbed=1
-    fi
-else
-    echo "test: not root or no apt-get: the Slurm integration tests will be skipped" >&2
+if [ -n "$testbed_pid" ]; then
+    testbed=0
+    wait "$testbed_pid" || testbed=$?
+    testbed_pid=
+    cat "$logs/testbed.log"
+    [ "$testbed" = 0 ] || { echo "test: the Slurm testbed did not start (status $testbed)" >&2; exit "$testbed"; }
 fi
-stop_testbed() { [ "$started_testbed" = 1 ] && slurm/testbed.sh stop || true; }
-trap stop_testbed EXIT
 
 # Every test by default; arguments replace that. The unit tests run in parallel (pytest-xdist, as a plain
-# `pytest` runs them); the local runs and the testbed's jobs one at a time: they share 2 cores and one cluster.
+# `pytest` runs them), then the local runs one at a time; beside them, the testbed's jobs one at a time (they
+# share one cluster). The local side's output follows the testbed's.
 if [ $# -gt 0 ]; then
     .venv/bin/python -m pytest --durations=25 -n 0 "$@"
 else
-    .venv/bin/python -m pytest tests/unit
-    .venv/bin/python -m pytest --durations=25 -n 0 tests --ignore=tests/unit
+    (
+        unit=0
+        .venv/bin/python -m pytest tests/unit || unit=$?
+        runs=0
+        .venv/bin/python -m pytest --durations=15 -n 0 tests --ignore=tests/unit --ignore=tests/integration || runs=$?
+        [ "$unit" = 0 ] && [ "$runs" = 0 ]
+    ) >"$logs/local.log" 2>&1 &
+    local_pid=$!
+    integration=0
+    .venv/bin/python -m pytest --durations=15 -n 0 tests/integration || integration=$?
+    echo "test: integration tests done at $((SECONDS - t0))s"
+    beside=0
+    wait "$local_pid" || beside=$?
+    local_pid=
+    echo "---- unit tests and local runs (beside the integration tests) ----"
+    cat "$logs/local.log"
+    if [ "$integration" != 0 ] || [ "$beside" != 0 ]; then
+        echo "test: failed (integration tests: status $integration; unit tests and local runs: status $beside)" >&2
+        exit 1
+    fi
 fi
 echo "test: finished in $((SECONDS - t0))s"
