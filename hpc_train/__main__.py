@@ -6,27 +6,38 @@ the config are still being imported ends the command with one line instead of a 
 
 from __future__ import annotations
 
-import signal
 import sys
-from types import FrameType
-
-
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
-    # SIGTERM (kill, a CI runner's timeout) before a launcher has taken it over ends the command as Ctrl-C does,
-    # with its one line, rather than killing it mid-way; the local launcher installs its own handler.
-    signal.signal(signal.SIGTERM, _terminated)
-    try:
-        from hpc_train.cli import main as cli_main
+    from hpc_train.core.signals import sigterm_as_interrupt
 
-        cli_main()
+    # SIGTERM (kill, a CI runner's timeout) before a launcher has taken it over ends the command as Ctrl-C does,
+    # with its one line, rather than killing it mid-way; the local launcher handles its own.
+    try:
+        with sigterm_as_interrupt():
+            from hpc_train.cli import main as cli_main
+
+            cli_main()
     except KeyboardInterrupt:  # before a launcher took over its job's Ctrl-C or SIGTERM (importing, composing)
-        print("\nhpc_train: interrupted before the job started; nothing was launched", file=sys.stderr)
+        print(f"\nhpc_train: {_interrupted()}", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _interrupted() -> str:
+    """What an interrupt that no launcher handled leaves behind: nothing, or Slurm jobs submitted just before."""
+    slurm = sys.modules.get("hpc_train.launch.slurm")
+    submitted = list(getattr(slurm, "SUBMITTED", ()))
+    if not submitted:
+        return "interrupted before the job started; nothing was launched"
+    jobs = "; ".join(f"job {job_id} (run dir {run_dir})" for job_id, run_dir in submitted[:3])
+    more = f" and {len(submitted) - 3} more" if len(submitted) > 3 else ""
+    first = submitted[0][1]
+    return (
+        f"interrupted after Slurm accepted {jobs}{more}: submitted jobs go on. See them with "
+        f"`python -m hpc_train.jobs status {first}`, stop them with `python -m hpc_train.jobs cancel {first}`"
+    )
 
 
 if __name__ == "__main__":

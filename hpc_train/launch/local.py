@@ -39,6 +39,7 @@ from hpc_train.config import ClusterConfig, Config
 from hpc_train.core import owner
 from hpc_train.core.files import Tail, last_lines
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.signals import sigterm_as_interrupt
 from hpc_train.core.state import (
     RankFailure,
     RankState,
@@ -91,7 +92,7 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
                 flush=True,
             )
         try:
-            with _signals_as_interrupt():
+            with sigterm_as_interrupt():
                 world = plural(cfg.cluster.world_size, "rank")
                 print(f"hpc_train: local job {job.job_id} with {world}, run dir {run_dir.path}", flush=True)
                 return follow(job, run_dir, cfg.cluster)
@@ -248,20 +249,6 @@ def _quiet_controller(run_dir: RunDir) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
         if saved_level is None:
             os.environ.pop("SUBMITIT_LOG_LEVEL", None)
-
-
-@contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM to the launcher cancels the job like Ctrl-C instead of orphaning its ranks."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[RankFailure]:

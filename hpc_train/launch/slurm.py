@@ -25,6 +25,7 @@ from hpc_train.core import owner
 from hpc_train.core.errors import LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.signals import held
 from hpc_train.core.textutil import plural
 from hpc_train.launch.facts import ClusterFacts, check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.here import inside_allocation, launch_here
@@ -42,6 +43,8 @@ __all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
 
 POLL_S = 1.0
 SUBMIT_TIMEOUT_S = 60
+SUBMITTED: list[tuple[str, Path]] = []
+"""The jobs this process had Slurm accept, with their run dirs: what an interrupt leaves running."""
 
 
 def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
@@ -124,27 +127,31 @@ def _submit(
     _test_only(script)
     for rd in run_dirs:
         rd.clear_statuses()
-    if cfg.cluster.submit == "sbatch":
-        array_id, outputs = _submit_sbatch(script, spec)
-    else:
-        array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
-    job_ids = [f"{array_id}_{i}" for i in range(len(run_dirs))] if spec.is_array else [array_id]
-    for lease, job_id in zip(leases, job_ids, strict=True):
-        lease.hand_to_job(job_id)  # first: from here on the job owns its run dir, whatever happens to this process
-    for i, rd in enumerate(run_dirs):
-        record = {
-            "scheduler": "slurm",
-            "submit": cfg.cluster.submit,
-            "job_id": job_ids[i],
-            "array_job_id": array_id if spec.is_array else None,
-            "array_index": i if spec.is_array else None,
-            "script": str(script),
-            "slurm_output": outputs[i],
-            "world_size": cfg.cluster.world_size,
-            "overrides": list(overrides[i]) if overrides else [],
-            "submitted": time.time(),
-        }
-        rd.write_job_record(record)
+    # From sbatch's answer to the job record, Ctrl-C and SIGTERM wait: a job Slurm accepted gets its run dir
+    # and its record whatever happens to this process (a signal then says so: ``hpc_train.__main__``).
+    with held():
+        if cfg.cluster.submit == "sbatch":
+            array_id, outputs = _submit_sbatch(script, spec)
+        else:
+            array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
+        job_ids = [f"{array_id}_{i}" for i in range(len(run_dirs))] if spec.is_array else [array_id]
+        SUBMITTED.extend(zip(job_ids, (rd.path for rd in run_dirs), strict=True))
+        for lease, job_id in zip(leases, job_ids, strict=True):
+            lease.hand_to_job(job_id)  # first: from here on the job owns its run dir
+        for i, rd in enumerate(run_dirs):
+            record = {
+                "scheduler": "slurm",
+                "submit": cfg.cluster.submit,
+                "job_id": job_ids[i],
+                "array_job_id": array_id if spec.is_array else None,
+                "array_index": i if spec.is_array else None,
+                "script": str(script),
+                "slurm_output": outputs[i],
+                "world_size": cfg.cluster.world_size,
+                "overrides": list(overrides[i]) if overrides else [],
+                "submitted": time.time(),
+            }
+            rd.write_job_record(record)
     return job_ids
 
 

@@ -384,3 +384,49 @@ def test_ctrl_c_in_an_salloc_allocation_checkpoints(tmp_path: Path) -> None:
     assert {s["state"] for s in statuses.values()} == {"stopped"} and len(steps) == 1, statuses
     assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
     assert "resume: python -m hpc_train" in err and "cluster.submit=here" in err
+
+
+def test_sigterm_while_sbatch_answers_keeps_the_job_and_says_so(tmp_path: Path) -> None:
+    """SIGTERM to the command after Slurm accepted the job but before the job was handed its run dir: the
+    signal waits, the job gets its run dir and its record, and the command's last line names the job that goes
+    on (not "nothing was launched")."""
+    import shutil
+
+    real = shutil.which("sbatch")
+    assert real is not None
+    accepted = tmp_path / "accepted"
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *--test-only*) exec {real} "$@";; esac\n'
+        f'out=$({real} "$@"); rc=$?\nprintf "%s" "$out" > {accepted}.new && mv {accepted}.new {accepted}\n'
+        'printf "%s\\n" "$out"\nsleep 3\nexit $rc\n'
+    )
+    wrapper.chmod(0o755)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", *TWO_BY_TWO, "cluster.submit=sbatch", "trainer.max_steps=100000"]
+    env = {**os.environ, "PATH": f"{wrapper.parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*argv, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not accepted.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    job_id = accepted.read_text().strip().split(";")[0]
+    try:
+        record = read_json(RunDir(run_dir).job_record)  # written although the signal came before it
+        assert record and str(record["job_id"]) == job_id, (record, err[-2000:])
+        assert proc.returncode == 130, err[-2000:]
+        assert f"interrupted after Slurm accepted job {job_id}" in err and "nothing was launched" not in err, err
+        assert json.loads((run_dir / "owner.json").read_text())["job_id"] == job_id
+    finally:
+        subprocess.run(["scancel", job_id], check=False, timeout=30)
+    assert wait_for_job(job_id, timeout=120) == "CANCELLED"
