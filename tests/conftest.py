@@ -100,6 +100,25 @@ def wait_for_step(
         time.sleep(0.05)
 
 
+def wait_for_ranks(
+    run_dir: Path,
+    step: int,
+    timeout: float = 180,
+    alive: Callable[[], bool] = lambda: True,
+    explain: Callable[[], str] = lambda: "",
+) -> None:
+    """Wait until every rank of the run in ``run_dir`` has reported ``step`` in its status (the heartbeat the
+    built-in trainer rewrites at every metrics row). ``alive``: false once the run has ended, which fails the
+    wait at once; ``explain``: what a failed wait adds to its message (the run's output)."""
+    from hpc_train.core.rundir import RunDir
+
+    deadline = time.monotonic() + timeout
+    while min((s.get("step") or 0 for s in RunDir(run_dir).read_statuses().values()), default=0) < step:
+        assert alive(), f"the run ended before every rank reached step {step}: {explain()}"
+        assert time.monotonic() < deadline, f"no step {step} on every rank within {timeout:g}s: {explain()}"
+        time.sleep(0.05)
+
+
 class Background:
     """A command started now and waited for only when a test needs what it wrote (an uninterrupted baseline run,
     beside the run a test interrupts). Its output goes to ``<log>``: a pipe nobody reads would fill and stall it."""

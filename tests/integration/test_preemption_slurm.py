@@ -13,7 +13,7 @@ import pytest
 
 from hpc_train.core.rundir import RunDir, read_json
 
-from ..conftest import assert_bitwise_equal
+from ..conftest import assert_bitwise_equal, wait_for_ranks
 from .conftest import SLURM_2X2, Baseline, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
@@ -43,13 +43,6 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
     return Baseline(submit(run_dir), run_dir)
 
 
-def wait_for_step(run_dir: Path, step: int, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while min((s.get("step", 0) for s in RunDir(run_dir).read_statuses().values()), default=0) < step:
-        assert time.monotonic() < deadline, f"no step {step} within {timeout}s"
-        time.sleep(0.05)
-
-
 def assert_requeued_and_exact(run_dir: Path, baseline: Baseline, job_id: str, requeued_by_us: bool) -> None:
     assert wait_for_job(job_id, timeout=300) == "COMPLETED"
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=run_dir.parent).stdout)[0]
@@ -73,7 +66,7 @@ def test_usr2_at_a_random_step_requeues_and_resumes_exactly(
     print(f"signalling at step {step}")
     run_dir = tmp_path / "run"
     job_id = submit(run_dir, f"cluster.submit={submit_mode}")
-    wait_for_step(run_dir, step)
+    wait_for_ranks(run_dir, step)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR2", *(["--full"] if full else []), job_id], check=True, timeout=30)
     assert_requeued_and_exact(run_dir, baseline, job_id, requeued_by_us=True)
@@ -86,7 +79,7 @@ def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Basel
     """Slurm's own requeue sends SIGTERM (then SIGKILL after KillWait): the ranks checkpoint in between."""
     run_dir = tmp_path / "run"
     job_id = submit(run_dir)
-    wait_for_step(run_dir, random.Random().randint(5, 80))
+    wait_for_ranks(run_dir, random.Random().randint(5, 80))
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
     assert_requeued_and_exact(run_dir, baseline, job_id, requeued_by_us=False)
     assert "signal 15" in (run_dir / "logs" / "rank_0.log").read_text()
@@ -106,7 +99,7 @@ def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     element = RunDir(tmp_path / "sweep" / "1")
     array_id = str(read_json(element.job_record)["array_job_id"])
-    wait_for_step(element.path, 20)
+    wait_for_ranks(element.path, 20)
     subprocess.run(["scancel", "--signal=USR2", f"{array_id}_1"], check=True, timeout=30)
     assert wait_for_job(array_id, timeout=300) == "COMPLETED"
     history = read_json(element.restarts)
@@ -130,7 +123,7 @@ def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
         "trainer.watchdog_s=10",
         env={"HPC_TRAIN_FAULT": "rank=3,step=5,kind=hang"},
     )
-    wait_for_step(run_dir, 1)
+    wait_for_ranks(run_dir, 1)
     start = time.monotonic()
     final = wait_for_job(job_id, timeout=120)
     ended_after = time.monotonic() - start

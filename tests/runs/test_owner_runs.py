@@ -17,6 +17,8 @@ from hpc_train.core.metrics import read_metrics
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import pid_alive
 
+from ..conftest import wait_for_ranks
+
 pytestmark = pytest.mark.slow
 
 JOB = [
@@ -46,11 +48,10 @@ def output(run_dir: Path) -> str:
 
 
 def wait_for_step(launcher: subprocess.Popen[bytes], run_dir: Path, step: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while min((s.get("step") or 0 for s in RunDir(run_dir).read_statuses().values()), default=0) < step:
-        assert launcher.poll() is None, output(run_dir)[-3000:]
-        assert time.monotonic() < deadline, f"no rank reached step {step}: {output(run_dir)[-3000:]}"
-        time.sleep(0.1)
+    """Every rank of the launcher's run reached ``step``; a launcher that ended fails the wait, with its output."""
+    wait_for_ranks(
+        run_dir, step, timeout, alive=lambda: launcher.poll() is None, explain=lambda: output(run_dir)[-3000:]
+    )
 
 
 def test_a_second_launch_into_a_live_run_dir_is_refused(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
