@@ -94,7 +94,7 @@ def first_step_after(rd: RunDir, attempt: int, timeout: float = 300) -> float:
 
 def latency_in_allocation(root: Path, i: int) -> float:
     rd = RunDir(root / f"kill{i}")
-    job = submit(rd.path, *JOB, "trainer.max_steps=150", "cluster.partition=all", "cluster.spare_nodes=1")
+    job = submit(rd.path, *JOB, "trainer.max_steps=150", "cluster.slurm.partition=all", "cluster.slurm.spare_nodes=1")
     statuses = wait_step(rd, 40, ranks=4)
     victim = next(s for s in statuses.values() if s["host"] == "node2")
     killed = time.time()
@@ -145,7 +145,7 @@ def ettr_pair(root: Path, minutes: float, mtbf_s: float, seed: int) -> dict[str,
     shape = [*JOB, "cluster.tasks_per_node=1", "trainer.max_steps=10000000"]
     faulty = RunDir(root / "ettr-faults")
     clean = RunDir(root / "ettr-clean")
-    limits = ["cluster.max_failures=1000", "cluster.max_stalled_failures=1000"]
+    limits = ["cluster.slurm.max_failures=1000", "cluster.slurm.max_stalled_failures=1000"]
     kills = run_for(faulty, [*shape, *limits], minutes, mtbf_s, random.Random(seed))
     run_for(clean, shape, minutes, mtbf_s, None)
     return {"kills": kills, "faults": faulty.read_goodput(), "clean": clean.read_goodput()}

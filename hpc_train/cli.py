@@ -21,6 +21,7 @@ from hpc_train.config import (
     environment_keys,
     hydra_quoted,
     register_configs,
+    slurm_alias_overrides,
 )
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
@@ -34,7 +35,9 @@ register_configs()
 @hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
 def _app(raw: DictConfig) -> None:
     try:
-        cfg = preflight(config_from_dict(raw))  # checked against this machine and its files; script.path absolute
+        cfg = preflight(
+            config_from_dict(raw, HydraConfig.get().overrides.task)
+        )  # checked against this machine and its files; script.path absolute
         run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
         # Before anything is written: a second launch into a run dir another one trains in is refused here.
         lease = claim_run_dir(cfg, run_dir)
@@ -76,6 +79,7 @@ def main() -> None:
     try:
         sys.argv[1:] = with_passthrough(sys.argv[1:])
         check_overrides(sys.argv[1:])
+        sys.argv[1:] = slurm_alias_overrides(sys.argv[1:])  # after the checks, whose hints keep your spelling
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

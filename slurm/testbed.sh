@@ -127,7 +127,7 @@ write_configs() {
         echo "PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP"
         if [ "$GPU_NODES" -gt 0 ]; then
             echo "PartitionName=gpu Nodes=node[$((NODES + 1))-$TOTAL] MaxTime=$GPU_MAX_TIME State=UP"
-            # Every node: a job of 2 nodes + 1 spare (cluster.spare_nodes=1). Weights make Slurm fill the CPU
+            # Every node: a job of 2 nodes + 1 spare (cluster.slurm.spare_nodes=1). Weights make Slurm fill the CPU
             # nodes first, so a 2-node job without spares lands on node1 and node2.
             echo "PartitionName=all Nodes=node[1-$TOTAL] MaxTime=INFINITE State=UP"
         fi

@@ -5,7 +5,7 @@ value and the fix; ``Config.__post_init__`` checks rules that span groups. ``Ome
 checks, so a bad value stops ``python -m hpc_train`` before anything is launched. The checks are pure: they
 change no value and look at no file, so a saved ``config.yaml`` loads the same on every rank, in the supervisor
 and in ``jobs status``. What depends on the submitting machine's files (``script.path``, ``script.command``,
-a ``cluster.python`` with a space) is checked at submission, by ``hpc_train.launch.preflight.check_paths``.
+a ``cluster.slurm.python`` with a space) is checked at submission, by ``hpc_train.launch.preflight.check_paths``.
 
 Groups whose options have different fields (``model``, ``optim``) get one schema per option, chosen by the
 option's ``name`` (see ``MODEL_SCHEMAS`` / ``OPTIM_SCHEMAS``); ``config_from_dict`` uses the same tables to
@@ -14,12 +14,13 @@ rebuild a typed config from the ``config.yaml`` saved in a run directory.
 The modules, from the bottom up:
 
 - ``checks``: the bounds values must fit and the ``Checked`` mixin every group's checks use;
-- ``sizes``: the memory-size grammar of ``cluster.mem``;
-- ``cluster``, ``training``, ``options``: the groups' schemas (``cluster``; ``data`` and ``trainer``; ``model``
-  and ``optim``), each with its own checks;
+- ``sizes``: the memory-size grammar of ``cluster.slurm.mem``;
+- ``cluster``, ``training``, ``options``: the groups' schemas (``cluster`` with its Slurm-only ``cluster.slurm``;
+  ``data`` and ``trainer``; ``model`` and ``optim``), each with its own checks;
 - ``schema``: ``Config``, the whole job, with the rules that span groups, ``resolve`` and ``RESUME_SAFE_KEYS``;
 - ``load``: ``config_from_dict`` / ``load_config`` and the translation of OmegaConf's errors;
-- ``overrides``: the checks of command-line overrides before Hydra composes;
+- ``overrides``: the checks of command-line overrides before Hydra composes, and the rewrite of the old flat
+  Slurm key names (``cluster.slurm.partition`` -> ``cluster.slurm.partition``);
 - ``registry``: ``register_configs``, the schemas in Hydra's ConfigStore.
 
 Import from here: every public name is re-exported.
@@ -46,7 +47,9 @@ from hpc_train.config.cluster import (
     STOP_SIGNALS,
     SUBMIT_MODES,
     ClusterConfig,
+    SlurmConfig,
     check_python,
+    fold_slurm_aliases,
 )
 from hpc_train.config.load import config_from_dict, environment_keys, load_config
 from hpc_train.config.options import (
@@ -65,6 +68,7 @@ from hpc_train.config.overrides import (
     chosen_option_keys,
     hydra_quoted,
     override_keys,
+    slurm_alias_overrides,
 )
 from hpc_train.config.registry import CONFIG_MODULE, register_configs
 from hpc_train.config.schema import RESUME_SAFE_KEYS, Config, ScriptConfig, resolve
@@ -116,6 +120,7 @@ __all__ = [
     "SGDConfig",
     "ScheduleConfig",
     "ScriptConfig",
+    "SlurmConfig",
     "TrainerConfig",
     "TransformerConfig",
     "check_override_keys",
@@ -126,6 +131,7 @@ __all__ = [
     "config_from_dict",
     "control_character",
     "environment_keys",
+    "fold_slurm_aliases",
     "hydra_quoted",
     "invalid",
     "load_config",
@@ -133,4 +139,5 @@ __all__ = [
     "override_keys",
     "register_configs",
     "resolve",
+    "slurm_alias_overrides",
 ]

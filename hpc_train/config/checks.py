@@ -106,7 +106,7 @@ class Checked:
                 raise ConfigError(
                     f"{self._group}.{f.name}{where} holds the control character {char}, which would let the value "
                     f"run as a shell command in the job script. HINT: remove it from the value (look in the profile "
-                    f"or experiment file that sets it); only cluster.setup lines may hold shell code."
+                    f"or experiment file that sets it); only cluster.slurm.setup lines may hold shell code."
                 )
 
     def _require(self, ok: bool, key: str, rule: str, hint: str) -> None:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import shlex
 import warnings
-from collections.abc import Callable
-from dataclasses import MISSING as MISSING_FACTORY
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from hpc_train.config.checks import INT32_MAX, INT64_MAX, SLURM_U16_MAX, YEAR_MIN, YEAR_S, Checked, invalid, shell_words
 from hpc_train.config.sizes import is_mem_size
+from hpc_train.core.errors import ConfigError
 
 __all__ = [
     "GPU_BINDINGS",
@@ -23,7 +24,10 @@ __all__ = [
     "STOP_SIGNALS",
     "SUBMIT_MODES",
     "ClusterConfig",
+    "SlurmConfig",
     "check_python",
+    "fold_slurm_aliases",
+    "merge_slurm_value",
 ]
 
 STOP_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP")
@@ -40,7 +44,7 @@ HOSTLIST_KEYS = ("exclude",)
 SUBMIT_MODES = ("submitit", "sbatch", "here")
 GPU_BINDINGS = ("node", "task")
 # sbatch flags hpc_train sets itself from the keys named here (or refuses: ntasks, gres, error, wrap);
-# cluster.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
+# cluster.slurm.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
 # is here.
 MANAGED_SBATCH_FLAGS = {
     "nodes": "cluster.nodes",
@@ -48,77 +52,34 @@ MANAGED_SBATCH_FLAGS = {
     "ntasks-per-node": "cluster.tasks_per_node",
     "cpus-per-task": "cluster.cpus_per_task",
     "gpus-per-node": "cluster.gpus_per_node",
-    "gpus-per-task": "cluster.gpu_binding=task",
+    "gpus-per-task": "cluster.slurm.gpu_binding=task",
     "gres": "cluster.gpus_per_node",
-    "mem": "cluster.mem",
+    "mem": "cluster.slurm.mem",
     "time": "cluster.timeout_min",
-    "partition": "cluster.partition",
-    "account": "cluster.account",
-    "qos": "cluster.qos",
-    "constraint": "cluster.constraint",
-    "exclude": "cluster.exclude",
-    "job-name": "cluster.job_name",
-    "signal": "cluster.signal and cluster.signal_lead_s",
-    "requeue": "cluster.max_restarts (hpc_train requeues after the preemption signal)",
+    "partition": "cluster.slurm.partition",
+    "account": "cluster.slurm.account",
+    "qos": "cluster.slurm.qos",
+    "constraint": "cluster.slurm.constraint",
+    "exclude": "cluster.slurm.exclude",
+    "job-name": "cluster.slurm.job_name",
+    "signal": "cluster.signal and cluster.slurm.signal_lead_s",
+    "requeue": "cluster.slurm.max_restarts (hpc_train requeues after the preemption signal)",
     "array": "a multirun (-m) sweep",
     "output": "the run directory",
     "error": "the run directory",
     "open-mode": "the run directory",
     "wrap": "the generated script",
 }
-SLURM_ONLY = (
-    "submit",
-    "dry_run",
-    "wait",
-    "partition",
-    "account",
-    "qos",
-    "constraint",
-    "exclude",
-    "mem",
-    "gpu_binding",
-    "sbatch_args",
-    "setup",
-    "srun_args",
-    "python",
-    "container",
-    "array_parallelism",
-    "job_name",
-    "srun_wait_s",
-    "signal_lead_s",
-    "max_restarts",
-    "max_stalled_restarts",
-    "spare_nodes",
-    "max_failures",
-    "max_stalled_failures",
-)
-"""Keys only a Slurm job uses: set on a local or debug run, they are ignored with a warning."""
 
 
 @dataclass
-class ClusterConfig(Checked):
-    """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
+class SlurmConfig(Checked):
+    """``cluster.slurm``: what only a Slurm job uses. A local or debug run ignores these keys, with a warning
+    for each one that is not at its default."""
 
-    _group: ClassVar[str] = "cluster"
-    _raw_shell: ClassVar[tuple[str, ...]] = ("setup", "facts")
+    _group: ClassVar[str] = "cluster.slurm"
+    _raw_shell: ClassVar[tuple[str, ...]] = ("setup",)
 
-    launcher: str = "local"
-    """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
-    nodes: int = 1
-    """Number of nodes."""
-    tasks_per_node: int = 0
-    """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs (``ranks_per_node``; a
-    loaded config holds the number picked, see ``hpc_train.config.resolve``)."""
-    gpus_per_node: int = 0
-    """GPUs per node; 0 runs on CPU with gloo."""
-    cpus_per_task: int = 1
-    """CPU cores per rank; also the number of torch threads each rank uses. A local or debug run may ask for at
-    most the cores this machine lets it use (checked before launch)."""
-    timeout_min: float = 60.0
-    """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
-    failure_grace_s: float = 15.0
-    """After one rank fails, how long the others get to exit on their own before they are killed."""
-    # ---- Slurm only ----
     submit: str = "submitit"
     """submitit: through submitit's SlurmExecutor; sbatch: a standalone script in the run dir, submitted with
     sbatch; here: no new job, train in the allocation this shell holds (salloc), with srun on its nodes."""
@@ -154,22 +115,15 @@ class ClusterConfig(Checked):
     """A wrapper command put before that Python, split like a shell would: 'apptainer exec --nv img.sif' or
     'singularity exec --nv img.sif'. It wraps the batch step (the supervisor, which runs srun: the image needs
     Slurm's commands, e.g. bound in) and every training step. For pyxis/enroot, give srun's own flags instead:
-    cluster.srun_args=[--container-image=nvcr.io#nvidia/pytorch:24.05-py3]."""
+    cluster.slurm.srun_args=[--container-image=nvcr.io#nvidia/pytorch:24.05-py3]."""
     srun_args: list[str] = field(default_factory=list)
     """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
     srun_wait_s: int = 60
     """srun --wait: after the first task ends, the others get this long before srun kills them."""
-    signal: str = "USR2"
-    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
-    which every rank catches as its notice to checkpoint and stop."""
     signal_lead_s: int = 90
     """How long before the time limit the signal comes."""
     array_parallelism: int = 0
     """For sweeps: how many array elements may run at once (0: no limit)."""
-    facts: dict[str, Any] = field(default_factory=dict)
-    """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
-    CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
-    against these facts where it does not (a dry run on a laptop). Empty: nothing recorded."""
     max_restarts: int = 10
     """After the preemption signal the job checkpoints and requeues itself, at most this many times."""
     max_stalled_restarts: int = 2
@@ -184,6 +138,124 @@ class ClusterConfig(Checked):
     many times per allocation (0: a failure ends the job; a requeued job counts afresh)."""
     max_stalled_failures: int = 1
     """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
+
+    def __post_init__(self) -> None:
+        self._refuse_control_characters()  # on every launcher: a value may reach a script or a command anyway
+
+    def check(self, cluster: ClusterConfig) -> None:
+        """The rules of a Slurm job (``cluster.launcher=slurm``; other launchers ignore these keys), some of
+        them against the rest of ``cluster``."""
+        self._one_of("submit", SUBMIT_MODES)
+        self._one_of("gpu_binding", GPU_BINDINGS)
+        for key in HOSTLIST_KEYS:
+            self._check_hostlist(key)
+        if self.gpu_binding == "task":
+            self._require(
+                cluster.gpus_per_node > 0 and cluster.ranks_per_node == cluster.gpus_per_node,
+                "gpu_binding",
+                "per-task binding gives each of tasks_per_node tasks one of gpus_per_node GPUs, so both must be equal and > 0",
+                "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.slurm.gpu_binding=node",
+            )
+        self._require(
+            not self.mem or is_mem_size(self.mem),
+            "mem",
+            "must be a size such as 500M, 64G or 0 (all of the node's memory)",
+            "e.g. cluster.slurm.mem=64G",
+        )
+        self._bounded("signal_lead_s", 0, 0xFFFF, 90, why="sbatch --signal takes at most 65535 seconds")
+        self._require(
+            self.signal_lead_s < cluster.timeout_min * 60,
+            "signal_lead_s",
+            f"must be shorter than the time limit (cluster.timeout_min={cluster.timeout_min:g})",
+            "e.g. cluster.slurm.signal_lead_s=90",
+        )
+        self._bounded("srun_wait_s", 0, YEAR_S, 60, why="365 days")
+        for key in ("array_parallelism", "spare_nodes"):
+            self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
+        self._require(
+            cluster.nodes + self.spare_nodes <= INT32_MAX,
+            "spare_nodes",
+            f"cluster.nodes={cluster.nodes} plus {self.spare_nodes} spare nodes is more than Slurm can count (2**31-1)",
+            "use fewer spare nodes, e.g. cluster.slurm.spare_nodes=1",
+        )
+        for key in ("max_restarts", "max_stalled_restarts", "max_failures", "max_stalled_failures"):
+            self._bounded(key, 0, INT64_MAX, 0, why="2**63-1")
+        for flag in self.sbatch_args:
+            managed = MANAGED_SBATCH_FLAGS.get(flag)
+            self._require(managed is None, "sbatch_args", f"--{flag} is set by hpc_train", f"use {managed} instead")
+            self._require(
+                re.fullmatch(r"[a-z][a-z0-9-]*", flag) is not None,
+                "sbatch_args",
+                f"{flag!r} is not an sbatch flag name",
+                "give flag names without dashes, e.g. cluster.slurm.sbatch_args={mail-type: END}",
+            )
+        check_python(self.python, is_file=lambda path: "/" in path)  # submission looks at the file itself
+        self._require(
+            bool(self.container.strip()) == bool(shell_words(self.container)),
+            "container",
+            "cannot be split into words (unbalanced quotes?)",
+            "e.g. cluster.slurm.container='apptainer exec --nv img.sif'",
+        )
+        for line in self.setup:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                words, problem = [], str(exc)
+            else:
+                problem = "it is empty"
+            self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+
+    def _check_hostlist(self, key: str) -> None:
+        from hpc_train.core.hostlist import expand_hostlist
+
+        value = getattr(self, key)
+        if not value:
+            return
+        try:
+            expand_hostlist(value)
+        except ValueError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            self._require(False, key, f"not a Slurm hostlist ({reason})", f"e.g. cluster.slurm.{key}='\"node[07-08]\"'")
+
+
+SLURM_ONLY = tuple(f.name for f in fields(SlurmConfig))
+"""The keys of ``cluster.slurm``: only a Slurm job uses them. Their old flat names (``cluster.<key>``) are
+aliases, folded into ``cluster.slurm`` by ``fold_slurm_aliases``."""
+
+
+@dataclass
+class ClusterConfig(Checked):
+    """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
+
+    _group: ClassVar[str] = "cluster"
+    _raw_shell: ClassVar[tuple[str, ...]] = ("facts",)
+
+    launcher: str = "local"
+    """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
+    nodes: int = 1
+    """Number of nodes."""
+    tasks_per_node: int = 0
+    """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs (``ranks_per_node``; a
+    loaded config holds the number picked, see ``hpc_train.config.resolve``)."""
+    gpus_per_node: int = 0
+    """GPUs per node; 0 runs on CPU with gloo."""
+    cpus_per_task: int = 1
+    """CPU cores per rank; also the number of torch threads each rank uses. A local or debug run may ask for at
+    most the cores this machine lets it use (checked before launch)."""
+    timeout_min: float = 60.0
+    """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
+    failure_grace_s: float = 15.0
+    """After one rank fails, how long the others get to exit on their own before they are killed."""
+    signal: str = "USR2"
+    """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
+    which every rank catches as its notice to checkpoint and stop."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
+    CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
+    against these facts where it does not (a dry run on a laptop). Empty: nothing recorded."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """What only a Slurm job uses: the queue, the job script, requeue and restart limits (``SlurmConfig``). The
+    old flat names (``cluster.partition``, ``cluster.max_restarts``, ...) still work, as aliases of these."""
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()
@@ -227,68 +299,7 @@ class ClusterConfig(Checked):
                 "set cluster.tasks_per_node=1, or use cluster=local for several ranks",
             )
         if self.launcher == "slurm":
-            self._check_slurm()
-
-    def _check_slurm(self) -> None:
-        self._one_of("submit", SUBMIT_MODES)
-        self._one_of("gpu_binding", GPU_BINDINGS)
-        for key in HOSTLIST_KEYS:
-            self._check_hostlist(key)
-        if self.gpu_binding == "task":
-            self._require(
-                self.gpus_per_node > 0 and self.ranks_per_node == self.gpus_per_node,
-                "gpu_binding",
-                "per-task binding gives each of tasks_per_node tasks one of gpus_per_node GPUs, so both must be equal and > 0",
-                "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.gpu_binding=node",
-            )
-        self._require(
-            not self.mem or is_mem_size(self.mem),
-            "mem",
-            "must be a size such as 500M, 64G or 0 (all of the node's memory)",
-            "e.g. cluster.mem=64G",
-        )
-        self._bounded("signal_lead_s", 0, 0xFFFF, 90, why="sbatch --signal takes at most 65535 seconds")
-        self._require(
-            self.signal_lead_s < self.timeout_min * 60,
-            "signal_lead_s",
-            f"must be shorter than the time limit (cluster.timeout_min={self.timeout_min:g})",
-            "e.g. cluster.signal_lead_s=90",
-        )
-        self._bounded("srun_wait_s", 0, YEAR_S, 60, why="365 days")
-        for key in ("array_parallelism", "spare_nodes"):
-            self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
-        self._require(
-            self.allocated_nodes <= INT32_MAX,
-            "spare_nodes",
-            f"cluster.nodes={self.nodes} plus {self.spare_nodes} spare nodes is more than Slurm can count (2**31-1)",
-            "use fewer spare nodes, e.g. cluster.spare_nodes=1",
-        )
-        for key in ("max_restarts", "max_stalled_restarts", "max_failures", "max_stalled_failures"):
-            self._bounded(key, 0, INT64_MAX, 0, why="2**63-1")
-        for flag in self.sbatch_args:
-            managed = MANAGED_SBATCH_FLAGS.get(flag)
-            self._require(managed is None, "sbatch_args", f"--{flag} is set by hpc_train", f"use {managed} instead")
-            self._require(
-                re.fullmatch(r"[a-z][a-z0-9-]*", flag) is not None,
-                "sbatch_args",
-                f"{flag!r} is not an sbatch flag name",
-                "give flag names without dashes, e.g. cluster.sbatch_args={mail-type: END}",
-            )
-        check_python(self.python, is_file=lambda path: "/" in path)  # submission looks at the file itself
-        self._require(
-            bool(self.container.strip()) == bool(shell_words(self.container)),
-            "container",
-            "cannot be split into words (unbalanced quotes?)",
-            "e.g. cluster.container='apptainer exec --nv img.sif'",
-        )
-        for line in self.setup:
-            try:
-                words = shlex.split(line)
-            except ValueError as exc:
-                words, problem = [], str(exc)
-            else:
-                problem = "it is empty"
-            self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
+            self.slurm.check(self)
 
     def _check_signal(self) -> None:
         """cluster.signal is one every rank catches as its notice to checkpoint and stop (on every launcher: the
@@ -304,25 +315,11 @@ class ClusterConfig(Checked):
         hint = f"did you mean {close[0]}? " if close and name not in _UNCATCHABLE else ""
         self._require(False, "signal", rule, f"{hint}use cluster.signal=USR2 (or USR1, TERM)")
 
-    def _check_hostlist(self, key: str) -> None:
-        from hpc_train.core.hostlist import expand_hostlist
-
-        value = getattr(self, key)
-        if not value:
-            return
-        try:
-            expand_hostlist(value)
-        except ValueError as exc:
-            reason = str(exc).split(": ", 1)[-1]
-            self._require(False, key, f"not a Slurm hostlist ({reason})", f"e.g. cluster.{key}='\"node[07-08]\"'")
-
     def _warn_ignored(self) -> None:
-        defaults = ClusterConfig.__dataclass_fields__
+        default = SlurmConfig()
         for key in SLURM_ONLY:
-            default = defaults[key]
-            value = default.default if default.default_factory is MISSING_FACTORY else default.default_factory()
-            if getattr(self, key) != value:
-                warnings.warn(f"cluster.{key} is ignored by cluster.launcher={self.launcher}", stacklevel=2)
+            if getattr(self.slurm, key) != getattr(default, key):
+                warnings.warn(f"cluster.slurm.{key} is ignored by cluster.launcher={self.launcher}", stacklevel=3)
 
     @property
     def ranks_per_node(self) -> int:
@@ -342,17 +339,100 @@ class ClusterConfig(Checked):
 
     @property
     def container_argv(self) -> list[str]:
-        """cluster.container as the words that go before the Python of the batch step and of every rank."""
-        return shell_words(self.container)
+        """cluster.slurm.container as the words that go before the Python of the batch step and of every rank."""
+        return shell_words(self.slurm.container)
 
     @property
     def allocated_nodes(self) -> int:
         """The nodes asked of Slurm: those that train and the spares."""
-        return self.nodes + self.spare_nodes
+        return self.nodes + self.slurm.spare_nodes
+
+
+# ---- the old flat names: cluster.<key> for cluster.slurm.<key> ----
+
+
+def merge_slurm_value(key: str, flat: Any, nested: Any, *, nested_given: bool = False, where: str = "") -> Any:
+    """The value of ``cluster.slurm.<key>`` when its old name ``cluster.<key>`` gives ``flat`` as well.
+
+    The two agree when they are equal or the nested one is at its default; sbatch_args merge flag by flag.
+    Otherwise the command line (``nested_given``: it set ``cluster.slurm.<key>``, as every command-line
+    ``cluster.<key>`` is rewritten to) beats a file, and two values from files are a ConfigError naming both."""
+    default = getattr(SlurmConfig(), key)
+    if key == "sbatch_args" and isinstance(flat, Mapping) and isinstance(nested, Mapping):
+        merged = dict(nested)
+        for flag, value in flat.items():
+            if flag not in merged or merged[flag] == value:
+                merged[flag] = value
+            elif not nested_given:
+                raise _alias_conflict(f"sbatch_args.{flag}", value, merged[flag], where)
+        return merged
+    if nested in (default, flat):
+        return flat
+    if nested_given:
+        return nested
+    raise _alias_conflict(key, flat, nested, where)
+
+
+def _alias_conflict(key: str, flat: Any, nested: Any, where: str) -> ConfigError:
+    return ConfigError(
+        f"cluster.{key}={flat!r} and cluster.slurm.{key}={nested!r} are both set{where}, and cluster.{key} is the "
+        f"old name of cluster.slurm.{key}. HINT: keep one: remove cluster.{key} from the profile, experiment file "
+        f"or config.yaml that sets it, or set only cluster.slurm.{key}"
+    )
+
+
+def fold_slurm_aliases(cluster: Mapping[str, Any], given: Collection[str] = (), where: str = "") -> dict[str, Any]:
+    """A plain ``cluster`` mapping with its old flat keys (``partition``, ``max_restarts``, ...) moved into its
+    ``slurm`` mapping (``merge_slurm_value``). ``given``: the dotted keys the command line set. The mapping
+    given is not changed."""
+    out = dict(cluster)
+    flat = {key: out.pop(key) for key in SLURM_ONLY if key in out}
+    if flat:
+        slurm = dict(out.get("slurm") or {})
+        for key, value in flat.items():
+            nested = f"cluster.slurm.{key}"
+            on_command_line = any(g in ("cluster.slurm", nested) or g.startswith(f"{nested}.") for g in given)
+            slurm[key] = merge_slurm_value(
+                key, value, slurm.get(key, getattr(SlurmConfig(), key)), nested_given=on_command_line, where=where
+            )
+        out["slurm"] = slurm
+    return out
+
+
+def _slurm_alias(key: str) -> property:
+    def get(self: ClusterConfig) -> Any:
+        return getattr(self.slurm, key)
+
+    def put(self: ClusterConfig, value: Any) -> None:
+        setattr(self.slurm, key, value)
+
+    return property(get, put, doc=f"The old name of ``cluster.slurm.{key}``.")
+
+
+def _with_slurm_aliases(init: Callable[..., None]) -> Callable[..., None]:
+    """ClusterConfig's constructor, taking the old flat keyword arguments (``ClusterConfig(partition="gpu")``)
+    into ``slurm``."""
+
+    @functools.wraps(init)
+    def wrapper(self: ClusterConfig, *args: Any, **kwargs: Any) -> None:
+        flat = {key: kwargs.pop(key) for key in SLURM_ONLY if key in kwargs}
+        if flat:
+            slurm = kwargs.get("slurm") or SlurmConfig()
+            merged = {key: merge_slurm_value(key, value, getattr(slurm, key)) for key, value in flat.items()}
+            kwargs["slurm"] = replace(slurm, **merged)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+# Code in hpc_train reads cluster.slurm.<key>; the aliases are for users' code and old configs.
+ClusterConfig.__init__ = _with_slurm_aliases(ClusterConfig.__init__)  # type: ignore[method-assign]
+for _key in SLURM_ONLY:
+    setattr(ClusterConfig, _key, _slurm_alias(_key))
 
 
 def check_python(python: str, is_file: Callable[[str], bool]) -> None:
-    """cluster.python is one executable: one word, or the path of a file that holds a space
+    """cluster.slurm.python is one executable: one word, or the path of a file that holds a space
     (``/home/J Doe/venv/bin/python``), not a wrapper such as ``apptainer exec img.sif python``, which would be
     quoted as part of the executable's name. ``is_file`` tells such a path from a wrapper: at submission by
     looking at the file (``hpc_train.launch.preflight.check_paths``), in the config's own checks by its spelling
@@ -361,8 +441,8 @@ def check_python(python: str, is_file: Callable[[str], bool]) -> None:
     if len(words) <= 1 or is_file(python):
         return
     raise invalid(
-        "cluster.python",
+        "cluster.slurm.python",
         python,
         "must be one executable; a wrapper such as `apptainer exec` would be quoted as part of its name",
-        f"set cluster.python to the Python inside, and the wrapper as cluster.container='{shlex.join(words[:-1])}'",
+        f"set cluster.slurm.python to the Python inside, and the wrapper as cluster.slurm.container='{shlex.join(words[:-1])}'",
     )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train.config.cluster import SLURM_ONLY, ClusterConfig, fold_slurm_aliases
 from hpc_train.config.options import MODEL_SCHEMAS, OPTIM_SCHEMAS
 from hpc_train.config.schema import Config, resolve
 from hpc_train.core.errors import ConfigError
@@ -60,17 +61,19 @@ def environment_keys(raw: Any, prefix: str = "") -> list[str]:
     return found
 
 
-def config_from_dict(data: Mapping[str, Any] | DictConfig) -> Config:
+def config_from_dict(data: Mapping[str, Any] | DictConfig, given: Sequence[str] = ()) -> Config:
     """Validate a plain or OmegaConf mapping (e.g. a loaded ``config.yaml``) into a typed, resolved ``Config``.
 
     Unknown keys, wrong types and broken rules raise ``ConfigError``. Neither ``data`` nor anything else is
     changed, and no file is looked at: ``hpc_train.launch.preflight.check_paths`` checks paths at submission.
+    The old flat names of the Slurm keys (``cluster.partition``) are folded into ``cluster.slurm``; ``given``:
+    the command line's overrides, whose values beat a file's when both spellings are set.
     """
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         node = data if isinstance(data, DictConfig) else OmegaConf.create(dict(data))
-        node = OmegaConf.masked_copy(node, [str(k) for k in node if k != "hydra"])
+        node = _folded(OmegaConf.masked_copy(node, [str(k) for k in node if k != "hydra"]), given)
         typed = OmegaConf.merge(OmegaConf.structured(Config), node)
         typed.model = _typed_option(node.get("model"), "model", MODEL_SCHEMAS)
         typed.optim = _typed_option(node.get("optim"), "optim", OPTIM_SCHEMAS)
@@ -81,6 +84,19 @@ def config_from_dict(data: Mapping[str, Any] | DictConfig) -> Config:
         raise ConfigError(_omegaconf_message(exc)) from None
     assert isinstance(config, Config)
     return resolve(config)
+
+
+def _folded(node: DictConfig, given: Sequence[str]) -> DictConfig:
+    """``node`` with the old flat Slurm keys of its ``cluster`` moved into ``cluster.slurm`` (a copy; ``node``
+    itself when it holds none)."""
+    cluster = node.get("cluster")
+    if not isinstance(cluster, DictConfig) or not any(key in cluster for key in SLURM_ONLY):
+        return node
+    keys = [re.sub(r"^[+~]+", "", g.split("=", 1)[0]) for g in given]
+    plain = OmegaConf.to_container(node, resolve=False)
+    assert isinstance(plain, dict)
+    plain["cluster"] = fold_slurm_aliases(plain["cluster"], keys)
+    return OmegaConf.create(plain)
 
 
 def _omegaconf_message(exc: Exception) -> str:
@@ -95,7 +111,11 @@ def _omegaconf_message(exc: Exception) -> str:
 
 def _unknown_key_message(key: str, schema: type[Any]) -> str:
     valid = sorted(f.name for f in fields(schema))
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], valid, n=1)
+    # In cluster, the Slurm keys are one level down: cluster.partiton is closest to slurm.partition.
+    offered = [*valid, *(f"slurm.{k}" for k in SLURM_ONLY)] if schema is ClusterConfig else valid
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], offered, n=1)
+    if not close and schema is ClusterConfig:
+        close = [f"slurm.{k}" for k in difflib.get_close_matches(key.rsplit(".", 1)[-1], SLURM_ONLY, n=1)]
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown config key {key!r}. HINT: {hint}valid keys here: {', '.join(valid)}."
 
@@ -103,7 +123,7 @@ def _unknown_key_message(key: str, schema: type[Any]) -> str:
 def _refuse_added_keys(node: DictConfig, prefix: str = "") -> None:
     """No typed node holds a key its schema lacks. Hydra's ``+trainer.typo=1`` adds one to a structured node,
     and merging and ``to_object`` would carry it along unread; a plain mapping's keys (your ``_target_``'s
-    arguments, cluster.sbatch_args) are yours to choose."""
+    arguments, cluster.slurm.sbatch_args) are yours to choose."""
     schema: Any = OmegaConf.get_type(node)
     names = {f.name for f in fields(schema)} if is_dataclass(schema) else None
     for key in map(str, node):

@@ -13,7 +13,7 @@ from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config.cluster import ClusterConfig
+from hpc_train.config.cluster import SLURM_ONLY, ClusterConfig
 from hpc_train.config.options import MODEL_SCHEMAS, OPTIM_SCHEMAS
 from hpc_train.config.schema import ScriptConfig
 from hpc_train.config.training import DataConfig, TrainerConfig
@@ -26,6 +26,7 @@ __all__ = [
     "chosen_option_keys",
     "hydra_quoted",
     "override_keys",
+    "slurm_alias_overrides",
 ]
 
 
@@ -51,7 +52,7 @@ _BRACKETED_VALUE = re.compile(r"([\w.]+)=([^\s'\"\[\],=]+\[[^'\"]*)")
 def check_override_syntax(argv: list[str]) -> None:
     """Catch the override that Hydra's grammar cannot read because of an unquoted hostlist.
 
-    ``cluster.exclude=node[07-08]`` fails deep in Hydra's parser ("mismatched input '['"): brackets after text
+    ``cluster.slurm.exclude=node[07-08]`` fails deep in Hydra's parser ("mismatched input '['"): brackets after text
     are not valid there, since brackets start a list. The error here shows the quoted form that works.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -111,7 +112,41 @@ def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> N
                 f"{key}={value}: {key} is a config group of yours, not one that hpc_train's defaults pick. "
                 f"HINT: add it with a plus: +{key}={value}"
             )
-    check_override_keys(keys, chosen_option_keys(argv, config_dirs or []), added=_added_keys(argv))
+    check_override_keys(
+        [_canonical(k) for k in keys],
+        chosen_option_keys(argv, config_dirs or []),
+        added=[_canonical(k) for k in _added_keys(argv)],
+    )
+
+
+_SLURM_ALIAS = re.compile(rf"^([+~]{{0,2}})cluster\.({'|'.join(SLURM_ONLY)})(?=[.=]|$)")
+
+
+def _canonical(key: str) -> str:
+    """``cluster.partition`` (the old flat name) as ``cluster.slurm.partition``; any other key as it is."""
+    return _SLURM_ALIAS.sub(r"\1cluster.slurm.\2", key)
+
+
+def slurm_alias_overrides(argv: list[str]) -> list[str]:
+    """``argv`` with the old flat names of the Slurm keys spelled as they are now (``cluster.partition=gpu`` ->
+    ``cluster.slurm.partition=gpu``), values untouched, so that Hydra, overrides.json and the resume command
+    see one spelling. One key given in both spellings with different values is a ConfigError."""
+    out = []
+    spelled: dict[str, tuple[str, str]] = {}  # the key as it is now -> (as first typed, its value)
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        canonical = _canonical(key)
+        if eq:
+            now, typed = canonical.lstrip("+~"), key.lstrip("+~")
+            first, first_value = spelled.setdefault(now, (typed, value))
+            if first != typed and first_value != value:
+                old = first if first != now else typed
+                raise ConfigError(
+                    f"{first}={first_value} and {typed}={value} set one key twice: {old} is the old name of {now}. "
+                    f"HINT: give it once, as {now}=VALUE"
+                )
+        out.append(canonical + eq + value)
+    return out
 
 
 _OPTION_GROUPS = {"model": MODEL_SCHEMAS, "optim": OPTIM_SCHEMAS}
@@ -240,6 +275,8 @@ def check_override_keys(
         if rest and field_name not in groups[group]:
             valid = sorted(groups[group])
             close = difflib.get_close_matches(field_name, valid, n=1)
+            if not close and group == "cluster":  # the Slurm keys are one level down
+                close = [f"slurm.{k}" for k in difflib.get_close_matches(field_name, SLURM_ONLY, n=1)]
             hint = f"did you mean {group}.{close[0]}? " if close else ""
             picked = "/".join((chosen or {}).get(group, {}))
             where = f"{group} (option {picked})" if picked else group

@@ -22,8 +22,10 @@ def register_configs() -> None:
     # that a profile's gpus_per_node still chooses the task count; config_from_dict resolves it).
     schema = OmegaConf.structured(Config)
     # Mappings whose keys are the user's to choose: Hydra's struct mode would ask for a + before each new key
-    # (cluster.sbatch_args={mail-type: END}). An explicit False here outlives the struct flag Hydra sets above.
-    for open_node in (schema.cluster.sbatch_args, schema.cluster.facts):
+    # (cluster.slurm.sbatch_args={mail-type: END}). An explicit False here outlives the struct flag Hydra sets
+    # above. `cluster` itself is open so that profiles written with the old flat Slurm keys (partition: gpu)
+    # still compose; config_from_dict folds them into cluster.slurm and refuses any other key there.
+    for open_node in (schema.cluster, schema.cluster.slurm.sbatch_args, schema.cluster.facts):
         OmegaConf.set_struct(open_node, False)
     cs.store(name="config_schema", node=schema)
     # Multirun sweeps go through hpc_train's launcher: one Slurm array, or local runs one after another.

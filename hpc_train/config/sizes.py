@@ -1,4 +1,4 @@
-"""The memory-size grammar of ``cluster.mem``: the one parser both validation and the cluster checks read."""
+"""The memory-size grammar of ``cluster.slurm.mem``: the one parser both validation and the cluster checks read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ __all__ = ["is_mem_size", "mem_mb"]
 
 
 def mem_mb(value: str) -> int:
-    """A ``cluster.mem`` size (``500M``, ``64G``, ``1T``, a plain number = MB) in MB; 0 asks for all of a node's.
+    """A ``cluster.slurm.mem`` size (``500M``, ``64G``, ``1T``, a plain number = MB) in MB; 0 asks for all of a node's.
     ValueError when it is not a size."""
     match = re.fullmatch(r"(\d+)([KMGT]?)B?", value, flags=re.I)
     if match is None:

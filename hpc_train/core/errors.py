@@ -15,7 +15,7 @@ EXIT_FATAL = 86
 """A Slurm job's exit code after a fatal failure: not retried, not requeued (the class is in
 status/attempts.json and `jobs status`). Every reader takes it from here."""
 EXIT_GAVE_UP = 87
-"""A Slurm job's exit code when its failures were retryable but the limits are spent (cluster.max_failures,
+"""A Slurm job's exit code when its failures were retryable but the limits are spent (cluster.slurm.max_failures,
 max_stalled_failures) or no healthy node is left."""
 
 

@@ -6,7 +6,7 @@ first claims the run dir, and a second launch is refused, naming the owner, unti
 
 The lease names its owner so that any launcher, on any host, can judge whether it is still alive:
 
-- a launcher process (``cluster=local``, ``debug``, ``cluster.submit=here``, or a Slurm submission under way):
+- a launcher process (``cluster=local``, ``debug``, ``cluster.slurm.submit=here``, or a Slurm submission under way):
   host, pid and the pid's start time (a pid is reused, a (pid, start) pair is not), and a heartbeat the launcher
   rewrites every ``HEARTBEAT_S``. On the same host the process is checked; from another host, where its pid
   means nothing, the lease is live while its heartbeat is younger than ``STALE_S``. A local launcher also names
@@ -149,7 +149,7 @@ def _judge(record: dict[str, Any], probe: JobProbe | None) -> Owner:
             return Owner(record, True, why)
         return Owner(record, False, "the process is gone")
     allocation = record.get("allocation")
-    if allocation:  # cluster.submit=here: a launcher inside a Slurm allocation, maybe a batch script of one's own
+    if allocation:  # cluster.slurm.submit=here: a launcher inside a Slurm allocation, maybe a batch script of one's own
         here, recorded = JobIdentity.from_environ(), record.get("restart")
         if here.job_id == str(allocation) and isinstance(recorded, int) and here.requeues > recorded:
             return Owner(record, False, f"Slurm requeued allocation {allocation} since, ending that launcher")
@@ -416,7 +416,7 @@ def claim(
 ) -> Lease:
     """Take ``run_dir`` for this process, or raise ConfigError naming its live owner (nothing is written then).
 
-    A dead owner's lease is taken over. ``launcher`` and ``facts`` (the allocation of cluster.submit=here, ...)
+    A dead owner's lease is taken over. ``launcher`` and ``facts`` (the allocation of cluster.slurm.submit=here, ...)
     are recorded to say who owns the run dir; ``probe`` asks Slurm about a job that owns it. ``heartbeat``:
     start the thread that keeps the lease fresh for launchers on other hosts."""
     run_dir = Path(run_dir)

@@ -6,6 +6,7 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict, resolve
+from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict, fold_slurm_aliases, resolve
 from hpc_train.core import owner
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
@@ -50,7 +51,7 @@ def slurm_probe(job_id: str) -> tuple[bool | None, str]:
 def claim_run_dir(cfg: Config, run_dir: RunDir) -> owner.Lease:
     """Make this launch the run dir's only owner before anything is written there; ConfigError naming the live
     owner (a launcher, or a Slurm job) otherwise. See ``hpc_train.core.owner``."""
-    here = cfg.cluster.launcher == "slurm" and cfg.cluster.submit == "here"
+    here = cfg.cluster.launcher == "slurm" and cfg.cluster.slurm.submit == "here"
     launcher = "slurm submit=here" if here else cfg.cluster.launcher
     job = JobIdentity.from_environ()
     facts = {"allocation": job.job_id, "restart": job.requeues}
@@ -175,7 +176,11 @@ def _comparable(text: str) -> dict[str, Any]:
             text = OmegaConf.to_yaml(OmegaConf.structured(config_from_dict(node)))
     except ConfigError:
         pass  # compared as it is; the differences are named either way
-    flat = _flat(OmegaConf.to_container(OmegaConf.create(text)))
+    plain = OmegaConf.to_container(OmegaConf.create(text))
+    if isinstance(plain, dict) and isinstance(plain.get("cluster"), dict):
+        with contextlib.suppress(ConfigError):  # old flat Slurm names as cluster.slurm.*: not a difference each
+            plain["cluster"] = fold_slurm_aliases(plain["cluster"])
+    flat = _flat(plain)
     key = "trainer.early_stopping"
     if flat.get(f"{key}.mode") == "auto":
         flat[f"{key}.mode"] = "min" if flat.get(f"{key}.monitor") == "val_loss" else "max"

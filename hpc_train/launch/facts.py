@@ -211,21 +211,21 @@ def _check_name(key: str, value: str, known: Iterable[str] | None, what: str, so
 def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
     """Refuse a request no node of its partition can run; ConfigError naming the key, the limit and the fix."""
     src = facts.source
-    _check_name("partition", cluster.partition, facts.partitions, "partition", src)
-    _check_name("account", cluster.account, facts.accounts, "account", src)
-    _check_name("qos", cluster.qos, facts.qos, "QoS", src)
-    part = facts.partitions.get(cluster.partition) if cluster.partition else facts.default_partition
+    _check_name("slurm.partition", cluster.slurm.partition, facts.partitions, "partition", src)
+    _check_name("slurm.account", cluster.slurm.account, facts.accounts, "account", src)
+    _check_name("slurm.qos", cluster.slurm.qos, facts.qos, "QoS", src)
+    part = facts.partitions.get(cluster.slurm.partition) if cluster.slurm.partition else facts.default_partition
     if part is None:
         return
-    where = f"partition {part.name}" + (" (the default)" if not cluster.partition else "")
+    where = f"partition {part.name}" + (" (the default)" if not cluster.slurm.partition else "")
     if cluster.allocated_nodes > part.nodes:
-        if cluster.spare_nodes:
+        if cluster.slurm.spare_nodes:
             raise _refuse(
-                "spare_nodes",
-                cluster.spare_nodes,
-                f"{cluster.nodes} nodes + {cluster.spare_nodes} spare = {cluster.allocated_nodes}, but {where} has "
+                "slurm.spare_nodes",
+                cluster.slurm.spare_nodes,
+                f"{cluster.nodes} nodes + {cluster.slurm.spare_nodes} spare = {cluster.allocated_nodes}, but {where} has "
                 f"{part.nodes} nodes",
-                f"set cluster.spare_nodes={max(part.nodes - cluster.nodes, 0)} or fewer, or pick a larger partition",
+                f"set cluster.slurm.spare_nodes={max(part.nodes - cluster.nodes, 0)} or fewer, or pick a larger partition",
             )
         raise _refuse(
             "nodes", cluster.nodes, f"{where} has {part.nodes} nodes", f"set cluster.nodes={part.nodes} or fewer"
@@ -233,7 +233,7 @@ def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
     if cluster.gpus_per_node > part.gpus:
         fix = f"set cluster.gpus_per_node={part.gpus}" if part.gpus else "set cluster.gpus_per_node=0 (CPU)"
         others = sorted(p.name for p in facts.partitions.values() if p.gpus >= cluster.gpus_per_node)
-        also = f", or cluster.partition={others[0]} ({', '.join(others)} have enough)" if others else ""
+        also = f", or cluster.slurm.partition={others[0]} ({', '.join(others)} have enough)" if others else ""
         raise _refuse("gpus_per_node", cluster.gpus_per_node, f"the nodes of {where} have {part.gpus} GPUs", fix + also)
     cpus = cluster.tasks_per_node * cluster.cpus_per_task
     if part.cpus and cpus > part.cpus:
@@ -244,9 +244,12 @@ def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
             f"{part.cpus} CPUs",
             f"set cluster.cpus_per_task={max(1, part.cpus // cluster.tasks_per_node)} or fewer tasks per node",
         )
-    if cluster.mem and part.mem_mb and mem_mb(cluster.mem) > part.mem_mb:
+    if cluster.slurm.mem and part.mem_mb and mem_mb(cluster.slurm.mem) > part.mem_mb:
         raise _refuse(
-            "mem", cluster.mem, f"the nodes of {where} have {part.mem_mb} MB", f"set cluster.mem={part.mem_mb}M or less"
+            "slurm.mem",
+            cluster.slurm.mem,
+            f"the nodes of {where} have {part.mem_mb} MB",
+            f"set cluster.slurm.mem={part.mem_mb}M or less",
         )
     if part.max_time_min is not None and cluster.timeout_min > part.max_time_min:
         raise _refuse(
@@ -258,12 +261,12 @@ def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
 
 
 _SLURM_WORDS = [
-    ("invalid partition", "cluster.partition"),
-    ("invalid account", "cluster.account"),
-    ("invalid qos", "cluster.qos"),
-    ("invalid feature", "cluster.constraint"),
+    ("invalid partition", "cluster.slurm.partition"),
+    ("invalid account", "cluster.slurm.account"),
+    ("invalid qos", "cluster.slurm.qos"),
+    ("invalid feature", "cluster.slurm.constraint"),
     ("time limit", "cluster.timeout_min"),
-    ("memory specification", "cluster.mem"),
+    ("memory specification", "cluster.slurm.mem"),
     ("node count", "cluster.nodes"),
     ("gres", "cluster.gpus_per_node"),
     ("requested node configuration is not available", "cluster.nodes, gpus_per_node, cpus_per_task or mem"),

@@ -1,4 +1,4 @@
-"""``cluster=slurm cluster.submit=here``: train in the allocation this shell already holds (``salloc``, or inside
+"""``cluster=slurm cluster.slurm.submit=here``: train in the allocation this shell already holds (``salloc``, or inside
 a batch script of your own), with no new job.
 
 The launcher becomes the batch step: it runs the same supervisor a submitted job runs, in the foreground, so
@@ -36,13 +36,13 @@ def allocation_nodes(cfg: Config, environ: Mapping[str, str] | None = None) -> l
     if not inside_allocation(env):
         where = "inside a job step (srun)" if env.get("SLURM_STEP_ID") else "outside any Slurm allocation"
         raise ConfigError(
-            f"cluster.submit=here trains in the allocation this shell holds, but this runs {where}. HINT: run it "
-            "in the shell that `salloc -N2` opens (not under srun), or submit a job with cluster.submit=submitit."
+            f"cluster.slurm.submit=here trains in the allocation this shell holds, but this runs {where}. HINT: run it "
+            "in the shell that `salloc -N2` opens (not under srun), or submit a job with cluster.slurm.submit=submitit."
         )
     nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
     if len(nodes) < cfg.cluster.allocated_nodes:
         raise ConfigError(
-            f"cluster.nodes={cfg.cluster.nodes} (+ cluster.spare_nodes={cfg.cluster.spare_nodes}) needs "
+            f"cluster.nodes={cfg.cluster.nodes} (+ cluster.slurm.spare_nodes={cfg.cluster.slurm.spare_nodes}) needs "
             f"{cfg.cluster.allocated_nodes} nodes, but allocation {env['SLURM_JOB_ID']} holds {len(nodes)} "
             f"({','.join(nodes)}). HINT: set cluster.nodes={len(nodes)}, or salloc more nodes."
         )
@@ -56,13 +56,13 @@ def launch_here(cfg: Config, run_dir: RunDir) -> int:
     nodes = allocation_nodes(cfg)
     job = os.environ["SLURM_JOB_ID"]
     training = nodes[: cfg.cluster.nodes]
-    if cfg.cluster.dry_run:
-        argv = step_argv(run_dir, cfg.cluster, training, cfg.cluster.python or sys.executable)
+    if cfg.cluster.slurm.dry_run:
+        argv = step_argv(run_dir, cfg.cluster, training, cfg.cluster.slurm.python or sys.executable)
         print(f"hpc_train: dry run; nothing started. In allocation {job} the training step would be:\n")
         print(shlex.join(argv), flush=True)
         return 0
     print(
-        f"hpc_train: training in allocation {job} on {','.join(training)} (cluster.submit=here: no new job; the "
+        f"hpc_train: training in allocation {job} on {','.join(training)} (cluster.slurm.submit=here: no new job; the "
         f"same supervisor as a batch job). Run dir: {run_dir.path}",
         flush=True,
     )

@@ -53,11 +53,11 @@ def preflight(cfg: Config) -> Config:
 
 def check_paths(cfg: Config) -> Config:
     """The checks against this machine's files, at submission (a local run, a Slurm job, a dry run, each element
-    of a sweep), never when a saved config is loaded: a Slurm cluster.python holding a space must be one file
+    of a sweep), never when a saved config is loaded: a Slurm cluster.slurm.python holding a space must be one file
     (not a wrapper, see ``check_python``), script.command an executable on PATH, script.path a file. Returns
     ``cfg`` with script.path made absolute, links resolved: the ranks run it from their own folder."""
     if cfg.cluster.launcher == "slurm":
-        check_python(cfg.cluster.python, is_file=lambda path: Path(path).is_file())
+        check_python(cfg.cluster.slurm.python, is_file=lambda path: Path(path).is_file())
     script = cfg.script
     if script.command and shutil.which(os.path.expanduser(script.command)) is None:
         raise invalid(
@@ -194,7 +194,7 @@ def check_targets(cfg: Config) -> None:
             message = f"{key}._target_={target!r} cannot be imported here ({exc}). HINT: {hint}."
             if cfg.cluster.launcher == "slurm":
                 warnings.warn(
-                    message + " (Not refused: cluster.setup may make it importable on the nodes.)", stacklevel=2
+                    message + " (Not refused: cluster.slurm.setup may make it importable on the nodes.)", stacklevel=2
                 )
                 continue
             raise ConfigError(message) from None

@@ -43,17 +43,17 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
         "ntasks-per-node": str(cluster.tasks_per_node),
         "cpus-per-task": str(cluster.cpus_per_task),
         "time": str(math.ceil(cluster.timeout_min)),
-        "job-name": cluster.job_name,
+        "job-name": cluster.slurm.job_name,
         # Steps only (no "B:"): the ranks checkpoint; the batch shell traps the signal and waits for them.
-        "signal": f"{cluster.signal.upper().removeprefix('SIG')}@{cluster.signal_lead_s}",
+        "signal": f"{cluster.signal.upper().removeprefix('SIG')}@{cluster.slurm.signal_lead_s}",
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
-    if cluster.spare_nodes:
+    if cluster.slurm.spare_nodes:
         # A lost node must not end the allocation: the supervisor goes on with a spare. Without spares Slurm's
         # default stays (the job ends on a node failure, and is requeued onto healthy nodes).
         flags["no-kill"] = None
-    if cluster.gpus_per_node and cluster.gpu_binding == "task":
+    if cluster.gpus_per_node and cluster.slurm.gpu_binding == "task":
         flags["gpus-per-task"] = "1"
     elif cluster.gpus_per_node:
         flags["gpus-per-node"] = str(cluster.gpus_per_node)
@@ -61,7 +61,7 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
         value = getattr(cluster, key)
         if value:
             flags[key] = value
-    flags.update({k: (v if v != "" else None) for k, v in cluster.sbatch_args.items()})
+    flags.update({k: (v if v != "" else None) for k, v in cluster.slurm.sbatch_args.items()})
     return flags
 
 
@@ -70,7 +70,7 @@ def setup_lines(cluster: ClusterConfig) -> list[str]:
     ``setup`` and NeMo-Run's ``setup_lines`` (``source $HOME/venv/bin/activate``, ``module load a && module
     load b``). Everything else that reaches the script (job name, paths, srun arguments, sbatch values) is
     quoted."""
-    return list(cluster.setup)
+    return list(cluster.slurm.setup)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class JobSpec:
     signal: str
     array_parallelism: int = 0
     wrapper: tuple[str, ...] = ()
-    """cluster.container's words, put before the Python."""
+    """cluster.slurm.container's words, put before the Python."""
 
     @property
     def python_command(self) -> list[str]:
@@ -104,11 +104,11 @@ def job_spec(cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, py
     return JobSpec(
         flags=sbatch_flags(cluster),
         setup=setup_lines(cluster),
-        python=python or cluster.python or sys.executable,
+        python=python or cluster.slurm.python or sys.executable,
         run_dirs=[Path(d) for d in run_dirs],
         output=str(log_dir / name),
         signal=cluster.signal.upper().removeprefix("SIG"),
-        array_parallelism=cluster.array_parallelism,
+        array_parallelism=cluster.slurm.array_parallelism,
         wrapper=tuple(cluster.container_argv),
     )
 
@@ -150,7 +150,7 @@ def render_sbatch(spec: JobSpec) -> str:
         lines.append(f"RUN_DIR={shlex.quote(str(spec.run_dirs[0]))}")
     if spec.setup:
         # Before `set -u`: conda's and Lmod's shell functions read variables that may be unset.
-        lines += ["# cluster.setup, as written (shell)", *spec.setup]
+        lines += ["# cluster.slurm.setup, as written (shell)", *spec.setup]
     lines.append("set -u")
     command = shlex.join([*spec.python_command, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
     lines += [
@@ -198,7 +198,7 @@ def emulate_rank_table(cluster: ClusterConfig, job_id: int = EXAMPLE_JOB_ID) -> 
             "SLURMD_NODENAME": f"node{node + 1}",
         }
         env = resolve_environment(environ)
-        if cluster.gpus_per_node and cluster.gpu_binding == "task":
+        if cluster.gpus_per_node and cluster.slurm.gpu_binding == "task":
             visible = str(local)
         else:
             visible = ",".join(str(g) for g in range(cluster.gpus_per_node))

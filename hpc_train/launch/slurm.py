@@ -1,7 +1,7 @@
-"""``cluster=slurm``: submit one job (or one array for a sweep) and return, or follow it with ``cluster.wait``.
+"""``cluster=slurm``: submit one job (or one array for a sweep) and return, or follow it with ``cluster.slurm.wait``.
 
-Two ways to submit, same resources: ``cluster.submit=submitit`` (submitit's SlurmExecutor pickles a call of
-``hpc_train.supervisor.run``) and ``cluster.submit=sbatch`` (the standalone script in the run dir, ``sbatch``-ed).
+Two ways to submit, same resources: ``cluster.slurm.submit=submitit`` (submitit's SlurmExecutor pickles a call of
+``hpc_train.supervisor.run``) and ``cluster.slurm.submit=sbatch`` (the standalone script in the run dir, ``sbatch``-ed).
 Either way the job's batch step runs the supervisor, which runs the training step with srun and restarts it in
 the allocation after a failure.
 Either way the generated script is checked with ``sbatch --test-only`` first where sbatch exists, so a wrong
@@ -48,14 +48,14 @@ SUBMITTED: list[tuple[str, Path]] = []
 
 
 def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
-    """Submit the job of ``run_dir`` (or print it, with ``cluster.dry_run``); follow it with ``cluster.wait``.
-    With ``cluster.submit=here``, train in the allocation this shell holds instead."""
-    if cfg.cluster.submit == "here":
+    """Submit the job of ``run_dir`` (or print it, with ``cluster.slurm.dry_run``); follow it with ``cluster.slurm.wait``.
+    With ``cluster.slurm.submit=here``, train in the allocation this shell holds instead."""
+    if cfg.cluster.slurm.submit == "here":
         return launch_here(cfg, run_dir)
     if inside_allocation():
         print(
             f"hpc_train: this shell holds Slurm allocation {os.environ['SLURM_JOB_ID']}; this submits a new job. "
-            "cluster.submit=here would train on the allocation's nodes instead, with no queue wait.",
+            "cluster.slurm.submit=here would train on the allocation's nodes instead, with no queue wait.",
             file=sys.stderr,
         )
     job_ids = submit_slurm(cfg, [run_dir], log_dir=run_dir.logs)
@@ -65,7 +65,7 @@ def launch_slurm(cfg: Config, run_dir: RunDir) -> int:
     print(f"  status:  python -m hpc_train.jobs status {run_dir.path}")
     print(f"  logs:    python -m hpc_train.jobs logs {run_dir.path} --follow   (rank 0; --rank N for another)")
     print(f"  cancel:  python -m hpc_train.jobs cancel {run_dir.path}", flush=True)
-    if cfg.cluster.wait:
+    if cfg.cluster.slurm.wait:
         return follow_slurm(run_dir, cfg.cluster.world_size, limit_s=cfg.cluster.timeout_min * 60 + 600)
     return 0
 
@@ -119,7 +119,7 @@ def _submit(
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
     text = render_sbatch(spec)
     atomic_write(script, lambda f: f.write(text.encode()))
-    if cfg.cluster.dry_run:
+    if cfg.cluster.slurm.dry_run:
         checked = _test_only(script)
         _print_dry_run(cfg, text, script)
         print(_what_was_checked(facts, checked), flush=True)
@@ -130,7 +130,7 @@ def _submit(
     # From sbatch's answer to the job record, Ctrl-C and SIGTERM wait: a job Slurm accepted gets its run dir
     # and its record whatever happens to this process (a signal then says so: ``hpc_train.__main__``).
     with held():
-        if cfg.cluster.submit == "sbatch":
+        if cfg.cluster.slurm.submit == "sbatch":
             array_id, outputs = _submit_sbatch(script, spec)
         else:
             array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
@@ -141,7 +141,7 @@ def _submit(
         for i, rd in enumerate(run_dirs):
             record = {
                 "scheduler": "slurm",
-                "submit": cfg.cluster.submit,
+                "submit": cfg.cluster.slurm.submit,
                 "job_id": job_ids[i],
                 "array_job_id": array_id if spec.is_array else None,
                 "array_index": i if spec.is_array else None,
@@ -202,7 +202,7 @@ def _what_was_checked(facts: ClusterFacts | None, test_only: bool) -> str:
 def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
     if shutil.which("sbatch") is None:
         raise LaunchError(
-            "sbatch is not on PATH. HINT: submit from a login node, or use cluster.dry_run=true to write the script"
+            "sbatch is not on PATH. HINT: submit from a login node, or use cluster.slurm.dry_run=true to write the script"
         )
     out = _command(["sbatch", "--parsable", str(script)], "sbatch")
     job_id = out.strip().splitlines()[-1].split(";")[0]  # --parsable: "<id>[;<cluster>]"; warnings go to stderr
@@ -228,7 +228,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         "ntasks_per_node": cluster.tasks_per_node,
         "cpus_per_task": cluster.cpus_per_task,
         "time": int(flags.pop("time") or 1),
-        "job_name": cluster.job_name,
+        "job_name": cluster.slurm.job_name,
         # submitit's script runs srun in the foreground with no trap: `scancel --signal=USR2 --full` would kill
         # the batch shell and fail the job while the ranks checkpoint. The ranks handle the signal; not bash.
         "setup": [
@@ -237,11 +237,11 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         ],
         # The batch step runs the supervisor, which runs the training steps with srun (and again after a failure).
         "use_srun": False,
-        "array_parallelism": cluster.array_parallelism or len(run_dirs),
+        "array_parallelism": cluster.slurm.array_parallelism or len(run_dirs),
     }
     for key in ("nodes", "ntasks-per-node", "cpus-per-task", "job-name"):
         flags.pop(key)
-    # signal, GPUs, partition, account, ... and cluster.sbatch_args; submitit writes True as a bare flag.
+    # signal, GPUs, partition, account, ... and cluster.slurm.sbatch_args; submitit writes True as a bare flag.
     params["additional_parameters"] = {k: True if v is None else v for k, v in flags.items()}
     executor.update_parameters(**params)
     try:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
@@ -56,13 +57,14 @@ def launch_sweep(
     setup_globals()
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
     with exit_plainly(" in the sweep"):
-        typed = [check_paths(config_from_dict(c)) for c in sweep_configs]  # every element, before the first runs
-        if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.submit != "here":
+        # every element, before the first runs
+        typed = [check_paths(config_from_dict(c, o)) for c, o in zip(sweep_configs, job_overrides, strict=True)]
+        if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.slurm.submit != "here":
             _check_one_request(typed)
             for element in typed:
                 preflight(element)
             return _submit_array(typed, sweep_configs, job_overrides)
-    # Local sweeps (and sweeps in an allocation this shell holds, cluster.submit=here) run one after another,
+    # Local sweeps (and sweeps in an allocation this shell holds, cluster.slurm.submit=here) run one after another,
     # each exactly like a single `python -m hpc_train` run.
     returns = []
     for sweep_config in sweep_configs:
@@ -80,16 +82,23 @@ def launch_sweep(
 
 def _check_one_request(typed: list[Config]) -> None:
     """One array shares one resource request, so every element must ask for the same cluster."""
-    first = asdict(typed[0].cluster)
+    first = _request(typed[0])
     for index, cfg in enumerate(typed[1:], start=1):
-        differing = sorted(k for k, v in asdict(cfg.cluster).items() if first[k] != v)
+        request = _request(cfg)
+        differing = sorted(k for k, v in request.items() if first[k] != v)
         if differing:
             key = differing[0]
             raise ConfigError(
-                f"sweep element {index} has cluster.{key}={getattr(cfg.cluster, key)!r} but element 0 has "
-                f"{first[key]!r}, and one Slurm array shares one request. HINT: sweep cluster.* keys in separate "
-                "commands."
+                f"sweep element {index} has {key}={request[key]!r} but element 0 has {first[key]!r}, and one "
+                "Slurm array shares one request. HINT: sweep cluster.* keys in separate commands."
             )
+
+
+def _request(cfg: Config) -> dict[str, Any]:
+    """The cluster keys of ``cfg``, dotted (``cluster.slurm.partition``)."""
+    cluster = asdict(cfg.cluster)
+    slurm = cluster.pop("slurm")
+    return {f"cluster.{k}": v for k, v in cluster.items()} | {f"cluster.slurm.{k}": v for k, v in slurm.items()}
 
 
 def _submit_array(

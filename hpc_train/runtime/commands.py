@@ -16,4 +16,10 @@ SUPERVISOR = "hpc_train.supervisor"
 
 def srun_argv(cluster: ClusterConfig) -> list[str]:
     """srun and its options: one dead task ends the step, the others get ``srun_wait_s`` after the first exit."""
-    return ["srun", "--kill-on-bad-exit=1", f"--wait={cluster.srun_wait_s}", "--unbuffered", *cluster.srun_args]
+    return [
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--wait={cluster.slurm.srun_wait_s}",
+        "--unbuffered",
+        *cluster.slurm.srun_args,
+    ]

@@ -69,7 +69,7 @@ def should_stop(step: int | None = None) -> bool:
     script initialised, so every rank must call it, the same number of times.
 
     ``step`` (the optimizer steps done so far) lets hpc_train tell an attempt that made progress from one that
-    did not, for ``cluster.max_stalled_restarts``; without it the requeue limit still counts restarts. Once
+    did not, for ``cluster.slurm.max_stalled_restarts``; without it the requeue limit still counts restarts. Once
     True it stays True without another collective; a caller that saves at a later step than the one it was
     first told at (the Lightning callback, at an epoch's end) calls it again with that step.
     """

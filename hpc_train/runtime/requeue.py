@@ -4,7 +4,7 @@ Runs on rank 0 once every rank has saved the same checkpoint. On Slurm the job a
 queue with ``scontrol requeue`` (``<array job>_<index>`` for an array element, so that only that element is
 requeued: ``JobIdentity.slurm_job``); the restarted job finds the checkpoint in its run dir and goes on. Each
 stopped attempt is recorded in ``status/restarts.json``; requeueing is refused, with the reason, once the
-requeue budget is spent (``runtime.retry``: ``cluster.max_restarts`` requeues, ``cluster.max_stalled_restarts``
+requeue budget is spent (``runtime.retry``: ``cluster.slurm.max_restarts`` requeues, ``cluster.slurm.max_stalled_restarts``
 attempts in a row without progress), so a job that cannot get anywhere does not cycle through the queue forever.
 
 ``after_stop`` is the policy in one function: every rank calls it once training stopped on a signal.
@@ -58,14 +58,14 @@ def refusal(history: Sequence[RequeueEntry], restart: int, cluster: ClusterConfi
         return None
     if not spent.stalled:
         return (
-            f"not requeued: the job was already restarted {restart} times (cluster.max_restarts="
-            f"{cluster.max_restarts}). HINT: raise cluster.max_restarts, or resubmit: the run dir resumes from its "
+            f"not requeued: the job was already restarted {restart} times (cluster.slurm.max_restarts="
+            f"{cluster.slurm.max_restarts}). HINT: raise cluster.slurm.max_restarts, or resubmit: the run dir resumes from its "
             "last checkpoint"
         )
     step = history[-1].stopped_step
     return (
         f"not requeued: the last {spent.count} attempts stopped without a single new step (stuck at step {step}; "
-        f"cluster.max_stalled_restarts={cluster.max_stalled_restarts}). HINT: the job is signalled before it "
+        f"cluster.slurm.max_stalled_restarts={cluster.slurm.max_stalled_restarts}). HINT: the job is signalled before it "
         "reaches its first step: look at the start-up in the rank logs, or ask for a longer time limit"
     )
 
@@ -91,8 +91,8 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
     """
     outcome = Outcome(state=RankState.STOPPED, step=fit.step or 0, signal=fit.signal, peak=fit.peak)
     own = fit.signal == signal_number(cfg.cluster.signal)
-    # An allocation a shell holds (cluster.submit=here) is not a batch job: Slurm cannot requeue it.
-    requeues = env.source == "slurm" and own and cfg.cluster.submit != "here"
+    # An allocation a shell holds (cluster.slurm.submit=here) is not a batch job: Slurm cannot requeue it.
+    requeues = env.source == "slurm" and own and cfg.cluster.slurm.submit != "here"
     target = job.slurm_job if requeues else None
     if target is None:
         log.warning("stopped %s on signal %d. Run again with the same run dir to resume", at_step(fit.step), fit.signal)

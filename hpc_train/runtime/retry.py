@@ -4,10 +4,10 @@ A run starts again in two ways. After the preemption or time-limit signal it che
 requeued (``runtime.requeue``); after a failure worth retrying the supervisor starts a new training step in the
 same allocation (``runtime.supervisor``). Both are held to one ``RetryBudget``:
 
-- a **limit** on the retries (``cluster.max_restarts`` requeues per run; ``cluster.max_failures`` restarts per
+- a **limit** on the retries (``cluster.slurm.max_restarts`` requeues per run; ``cluster.slurm.max_failures`` restarts per
   allocation);
-- a **stall limit** on the attempts in a row that made no progress (``cluster.max_stalled_restarts``,
-  ``cluster.max_stalled_failures``): one more and retrying stops, with the reason.
+- a **stall limit** on the attempts in a row that made no progress (``cluster.slurm.max_stalled_restarts``,
+  ``cluster.slurm.max_stalled_failures``): one more and retrying stops, with the reason.
 
 **Progress** means the same for both (``progressed``): the attempt kept a step beyond the one it resumed from.
 For the built-in trainer that is a checkpoint newer than the one it resumed from (a stop always saves one; a
@@ -69,11 +69,11 @@ class RetryBudget:
 
     @classmethod
     def requeues(cls, cluster: ClusterConfig) -> RetryBudget:
-        return cls(limit=cluster.max_restarts, stall_limit=cluster.max_stalled_restarts)
+        return cls(limit=cluster.slurm.max_restarts, stall_limit=cluster.slurm.max_stalled_restarts)
 
     @classmethod
     def restarts(cls, cluster: ClusterConfig) -> RetryBudget:
-        return cls(limit=cluster.max_failures, stall_limit=cluster.max_stalled_failures)
+        return cls(limit=cluster.slurm.max_failures, stall_limit=cluster.slurm.max_stalled_failures)
 
     def spent(self, retries: int, progress: Sequence[bool | None]) -> Spent | None:
         """Whether one more retry is refused, after ``retries`` retries and attempts that made ``progress``
@@ -95,14 +95,14 @@ def pick_nodes(allocation: list[str], bad: list[str], cluster: ClusterConfig) ->
 
     With spares, blamed nodes are left out; without, every node of the allocation is used again.
     """
-    if not cluster.spare_nodes:
+    if not cluster.slurm.spare_nodes:
         return allocation[: cluster.nodes]
     healthy = [n for n in allocation if n not in bad]
     if len(healthy) < cluster.nodes:
         return (
             f"no healthy node left: training needs {cluster.nodes} nodes; of the allocation "
             f"{','.join(allocation)}, {','.join(n for n in allocation if n in bad)} failed before. HINT: ask for "
-            "more spares (cluster.spare_nodes), or resubmit: the run dir resumes from its last checkpoint and "
-            f"cluster.exclude can keep those nodes out"
+            "more spares (cluster.slurm.spare_nodes), or resubmit: the run dir resumes from its last checkpoint and "
+            f"cluster.slurm.exclude can keep those nodes out"
         )
     return healthy[: cluster.nodes]

@@ -32,7 +32,7 @@ def say(message: str, stream: IO[str] | None = None) -> None:
 
 
 def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str) -> list[str]:
-    """The srun command of one training step on ``nodes``; cluster.srun_args come last, so they win."""
+    """The srun command of one training step on ``nodes``; cluster.slurm.srun_args come last, so they win."""
     srun, *options = srun_argv(cluster)
     return [
         srun,

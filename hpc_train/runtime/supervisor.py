@@ -7,9 +7,9 @@ When the step fails in a way worth retrying (``hpc_train.runtime.failures``), it
 allocation: no new job, no queue wait. The ranks resume from the newest complete checkpoint.
 
 - Nodes blamed for the failure go on the run's bad-node list (``status/bad_nodes.json``); with
-  ``cluster.spare_nodes`` the next attempt runs without them, and when fewer than ``cluster.nodes`` healthy
+  ``cluster.slurm.spare_nodes`` the next attempt runs without them, and when fewer than ``cluster.nodes`` healthy
   nodes are left the job ends (EXIT_GAVE_UP). Without spares the next attempt reuses the node.
-- At most ``cluster.max_failures`` restarts per job, and at most ``cluster.max_stalled_failures`` failed
+- At most ``cluster.slurm.max_failures`` restarts per job, and at most ``cluster.slurm.max_stalled_failures`` failed
   attempts in a row without a new checkpoint; then the job ends (EXIT_GAVE_UP).
 - A fatal failure (the same exception from the same step twice in a row, an import error, a config error)
   ends the job at once (EXIT_FATAL), with no retry and no requeue.
@@ -46,7 +46,7 @@ from hpc_train.train.stopping import StopSignals, signal_number
 __all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "step_argv", "supervise"]
 
 STOP_GRACE_S = 30
-"""After a stop signal, how long srun gets beyond cluster.srun_wait_s before the supervisor ends it."""
+"""After a stop signal, how long srun gets beyond cluster.slurm.srun_wait_s before the supervisor ends it."""
 LAUNCH_GRACE_S = 120
 """How long, beyond trainer.preflight_timeout_s, a step may go without any rank writing its first status
 before the supervisor ends srun (it never got its tasks running: a node that cannot start them, a step that
@@ -61,7 +61,7 @@ class Supervisor:
     def __init__(self, rd: RunDir, environ: Mapping[str, str], interactive: bool = False) -> None:
         self.rd = rd
         self.interactive = interactive
-        """Run from a shell in an allocation (cluster.submit=here): stop signals reach this process only, and
+        """Run from a shell in an allocation (cluster.slurm.submit=here): stop signals reach this process only, and
         are passed on to the training step."""
         self.environ = environ
         self.cfg = load_config(rd.config)
@@ -75,7 +75,7 @@ class Supervisor:
         self.budget = RetryBudget.restarts(self.cluster)
         hangup = [signal.SIGHUP] if interactive else []  # the terminal that runs it closed
         self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT, *hangup])
-        self.python = self.cluster.python or sys.executable
+        self.python = self.cluster.slurm.python or sys.executable
 
     def run(self) -> int:
         self.signals.install()
@@ -110,7 +110,7 @@ class Supervisor:
             why_not = self._refusal()
             if why_not is not None:
                 return self._give_up(entry, why_not)
-            if self.cluster.spare_nodes:
+            if self.cluster.slurm.spare_nodes:
                 for host in failure.suspects:
                     if host in self.allocation:
                         self.rd.add_bad_node(host, failure.describe(), number)
@@ -135,7 +135,10 @@ class Supervisor:
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
             code = step.wait(
-                self.signals, self.cluster.srun_wait_s + STOP_GRACE_S, lambda: bool(self._statuses(number)), launch_s
+                self.signals,
+                self.cluster.slurm.srun_wait_s + STOP_GRACE_S,
+                lambda: bool(self._statuses(number)),
+                launch_s,
             )
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
@@ -159,7 +162,7 @@ class Supervisor:
         return entry
 
     def _forwarded(self) -> int:
-        """From a shell (cluster.submit=here), a stop reaches only this process: it passes cluster.signal on."""
+        """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on."""
         return signal_number(self.cluster.signal) if self.interactive else 0
 
     def _statuses(self, attempt: int) -> dict[int, RankStatus]:
@@ -186,13 +189,13 @@ class Supervisor:
             return None
         if not spent.stalled:
             return (
-                f"not restarted: {len(here)} failures in this job (cluster.max_failures={self.cluster.max_failures})."
-                " HINT: look at the failures in `python -m hpc_train.jobs status`; raise cluster.max_failures, or"
+                f"not restarted: {len(here)} failures in this job (cluster.slurm.max_failures={self.cluster.slurm.max_failures})."
+                " HINT: look at the failures in `python -m hpc_train.jobs status`; raise cluster.slurm.max_failures, or"
                 " resubmit: the run dir resumes from its last checkpoint"
             )
         return (
             f"not restarted: the last {spent.count} attempts failed without saving a new checkpoint "
-            f"(cluster.max_stalled_failures={self.cluster.max_stalled_failures}). HINT: checkpoint more often "
+            f"(cluster.slurm.max_stalled_failures={self.cluster.slurm.max_stalled_failures}). HINT: checkpoint more often "
             "(trainer.checkpoint_every_n_steps) or fix what fails"
         )
 
@@ -212,7 +215,7 @@ def _log_failure(failure: Failure) -> None:
 
 def supervise(rd: RunDir, environ: Mapping[str, str] | None = None, interactive: bool = False) -> int:
     """Run the training of ``rd`` in this allocation, restarting it after failures; the job's exit status.
-    ``interactive``: from a shell in the allocation (cluster.submit=here) rather than a job's batch step."""
+    ``interactive``: from a shell in the allocation (cluster.slurm.submit=here) rather than a job's batch step."""
     return Supervisor(rd, os.environ if environ is None else environ, interactive).run()
 
 

@@ -28,6 +28,7 @@ from hpc_train.config import (
     config_from_dict,
     hydra_quoted,
     register_configs,
+    slurm_alias_overrides,
 )
 from hpc_train.core.errors import ConfigError, LaunchError
 from hpc_train.core.rundir import RunDir
@@ -47,6 +48,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
     from omegaconf.errors import OmegaConfBaseException
 
     check_overrides(list(overrides), [Path(config_dir)] if config_dir else None)
+    overrides = tuple(slurm_alias_overrides(list(overrides)))
     register_configs()
     extra = [f"hydra.searchpath=[file://{Path(config_dir).resolve()}]"] if config_dir else []
     try:
@@ -54,7 +56,7 @@ def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Con
             raw = compose(config_name="config", overrides=[*overrides, *extra])
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(str(exc).splitlines()[0]) from None
-    return check_paths(config_from_dict(raw))
+    return check_paths(config_from_dict(raw, overrides))
 
 
 @dataclass

@@ -63,10 +63,10 @@ def profile_yaml(name: str, part: Partition, facts: ClusterFacts, recorded: str)
     """A cluster profile for ``part``: extends hpc_train's slurm option and records the cluster's facts."""
     tasks = part.gpus or 1
     values = {
-        "partition": part.name,
         "gpus_per_node": part.gpus,
         "cpus_per_task": max(1, part.cpus // tasks),
         "timeout_min": min(60.0, part.max_time_min) if part.max_time_min is not None else 60.0,
+        "slurm": {"partition": part.name},
     }
     body = OmegaConf.to_yaml({**values, "facts": {"recorded": recorded, **facts.to_record()}})
     return (
@@ -74,7 +74,7 @@ def profile_yaml(name: str, part: Partition, facts: ClusterFacts, recorded: str)
         f"# from partition {part.name}: {_gpus(part)} GPUs, {part.cpus} CPUs and {part.mem_mb} MB per node, "
         f"max time {_time(part.max_time_min)}.\n"
         f"# Use it with `hpc-train cluster={name}`; override anything on the command line (cluster.nodes=2).\n"
-        "# Your environment's setup lines are shell, run before training on the compute nodes, e.g.:\n"
+        "# Your environment's setup lines are shell, run before training on the compute nodes: under slurm:, add\n"
         '#   setup: ["module load cuda/12.4", "source $HOME/venvs/train/bin/activate"]\n'
         "defaults:\n  - slurm\n  - _self_\n\n" + body
     )

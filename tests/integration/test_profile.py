@@ -88,14 +88,14 @@ def _queued(name: str) -> str:
             "cluster.timeout_min=500.0 cannot run: partition gpu allows at most 120 minutes (MaxTime)",
         ),
         ("cluster.nodes=2", "cluster.nodes=2 cannot run: partition gpu has 1 nodes"),
-        ("cluster.mem=16G", "cluster.mem='16G' cannot run: the nodes of partition gpu have 8192 MB"),
+        ("cluster.mem=16G", "cluster.slurm.mem='16G' cannot run: the nodes of partition gpu have 8192 MB"),
         (
             "cluster.partition=gpus",
-            "cluster.partition='gpus' cannot run: there is no partition 'gpus' (asked Slurm just now). HINT: pick one of: all, debug, gpu",
+            "cluster.slurm.partition='gpus' cannot run: there is no partition 'gpus' (asked Slurm just now). HINT: pick one of: all, debug, gpu",
         ),
         (
             "cluster.account=nosuch",
-            "cluster.account='nosuch' cannot run: there is no account 'nosuch' (asked Slurm just now). HINT: pick one of: root",
+            "cluster.slurm.account='nosuch' cannot run: there is no account 'nosuch' (asked Slurm just now). HINT: pick one of: root",
         ),
         ("cluster.qos=nosuch", "HINT: pick one of: normal"),
     ],

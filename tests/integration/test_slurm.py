@@ -112,7 +112,9 @@ def test_training_in_an_salloc_allocation(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert re.search(r"training in allocation \d+ on node1,node2 \(cluster.submit=here", proc.stdout), proc.stdout
+    assert re.search(r"training in allocation \d+ on node1,node2 \(cluster\.slurm\.submit=here", proc.stdout), (
+        proc.stdout
+    )
     assert_trained_on_two_hosts(run_dir)
     assert not (run_dir / "job.json").exists()  # no job was submitted
     assert sorted(line.split()[0] for line in wrapped.read_text().splitlines()) == ["node1", "node1", "node2", "node2"]
@@ -200,7 +202,9 @@ def test_unknown_partition_is_refused_before_submission(tmp_path: Path, dry_run:
         cwd=tmp_path,
     )
     assert proc.returncode == 2
-    assert "cluster.partition='nosuchpartition' cannot run: there is no partition" in proc.stderr, proc.stderr[-2000:]
+    assert "cluster.slurm.partition='nosuchpartition' cannot run: there is no partition" in proc.stderr, proc.stderr[
+        -2000:
+    ]
     assert "HINT: pick one of: " in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "job.json").exists()
 
@@ -212,7 +216,7 @@ def test_test_only_refusal_names_the_key(tmp_path: Path) -> None:
     proc = cli("hpc_train", *TWO_BY_TWO, "cluster.constraint=nosuchfeature", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert proc.returncode == 1
     assert "nothing was submitted: Slurm refused the request (sbatch --test-only" in proc.stderr, proc.stderr[-2000:]
-    assert "HINT: change cluster.constraint" in proc.stderr and "Traceback" not in proc.stderr
+    assert "HINT: change cluster.slurm.constraint" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "job.json").exists()
 
 
@@ -383,7 +387,7 @@ def test_ctrl_c_in_an_salloc_allocation_checkpoints(tmp_path: Path) -> None:
     steps = {s["step"] for s in statuses.values()}
     assert {s["state"] for s in statuses.values()} == {"stopped"} and len(steps) == 1, statuses
     assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
-    assert "resume: python -m hpc_train" in err and "cluster.submit=here" in err
+    assert "resume: python -m hpc_train" in err and "cluster.slurm.submit=here" in err
 
 
 def test_sigterm_while_sbatch_answers_keeps_the_job_and_says_so(tmp_path: Path) -> None:

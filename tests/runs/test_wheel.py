@@ -132,10 +132,13 @@ def test_default_job_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str
     assert "rank table (attempt 0, 2 ranks)" in out
 
 
-@pytest.mark.parametrize("entry", ["hpc-train", "python -m hpc_train"])
-def test_slurm_dry_run_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str) -> None:
+@pytest.mark.parametrize(
+    ("entry", "dry_run"),
+    [("hpc-train", "cluster.slurm.dry_run=true"), ("python -m hpc_train", "cluster.dry_run=true")],  # the old name too
+)
+def test_slurm_dry_run_from_an_empty_folder(venv: Path, tmp_path: Path, entry: str, dry_run: str) -> None:
     argv = [venv / "bin" / "hpc-train"] if entry == "hpc-train" else [venv / "bin" / "python", "-m", "hpc_train"]
-    out = sh(*argv, "cluster=slurm", "cluster.dry_run=true", "hydra.run.dir=run", cwd=tmp_path, env=clean_env())
+    out = sh(*argv, "cluster=slurm", dry_run, "hydra.run.dir=run", cwd=tmp_path, env=clean_env())
     assert "dry run; nothing submitted" in out and "#SBATCH --nodes=1" in out
     assert f"{venv}/bin/python" in (tmp_path / "run" / "job.sbatch").read_text()  # the ranks run the venv's Python
 

@@ -53,7 +53,7 @@ def test_unquoted_hostlist_gets_the_quoted_form(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("value", "reason"), [("node[3-1]", "start > stop"), ("node[1-2", "unbalanced brackets")])
 def test_invalid_hostlist_is_refused_with_the_reason(value: str, reason: str) -> None:
-    expected = rf"cluster\.exclude={re.escape(repr(value))} is invalid: not a Slurm hostlist \({reason}\)"
+    expected = rf"cluster\.slurm\.exclude={re.escape(repr(value))} is invalid: not a Slurm hostlist \({reason}\)"
     with pytest.raises(ConfigError, match=expected):
         compose_config("cluster=slurm", f'cluster.exclude="{value}"')
 

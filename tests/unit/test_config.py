@@ -260,7 +260,7 @@ def test_a_run_dir_saved_by_an_older_version_resumes(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
     write_config(composed(), run_dir)
     old = OmegaConf.load(run_dir.config)
-    del old.trainer["init_from"], old.cluster["container"]
+    del old.trainer["init_from"], old.cluster.slurm["container"]
     old.trainer.early_stopping.mode, old.trainer.max_epochs = "min", 3
     run_dir.config.write_text(OmegaConf.to_yaml(old))
     write_config(composed("trainer.max_epochs=3"), run_dir)
@@ -361,7 +361,7 @@ def test_a_wrapper_in_cluster_python_is_refused_where_the_files_are_seen(tmp_pat
     assert composed("cluster=slurm", f"cluster.python={hydra_quoted(str(python))}").cluster.python == str(python)
     wrapper = "apptainer exec --nv /images/img.sif python"
     with pytest.raises(
-        ConfigError, match=r"^cluster\.python=.*HINT:.*container='apptainer exec --nv /images/img\.sif'"
+        ConfigError, match=r"^cluster\.slurm\.python=.*HINT:.*container='apptainer exec --nv /images/img\.sif'"
     ):
         composed("cluster=slurm", f"cluster.python={hydra_quoted(wrapper)}")
     saved = OmegaConf.to_container(OmegaConf.structured(composed("cluster=slurm")))

@@ -32,6 +32,7 @@ from hpc_train.config import (
     MLPConfig,
     ScheduleConfig,
     SGDConfig,
+    SlurmConfig,
     TrainerConfig,
     TransformerConfig,
     check_overrides,
@@ -42,6 +43,7 @@ from hpc_train.launch.preflight import check_cpus, preflight, usable_cores
 
 SCHEMAS: list[type[Any]] = [
     ClusterConfig,
+    SlurmConfig,
     DataConfig,
     TrainerConfig,
     ScheduleConfig,
@@ -56,7 +58,10 @@ SCHEMAS: list[type[Any]] = [
 
 
 def build(schema: type[Any], **values: Any) -> Any:
-    """One group's dataclass with these values; a cluster as a Slurm one, so that its Slurm-only keys are checked."""
+    """One group's dataclass with these values; a cluster as a Slurm one, so that its Slurm-only keys
+    (cluster.slurm) are checked."""
+    if schema is SlurmConfig:
+        return ClusterConfig(launcher="slurm", slurm=SlurmConfig(**values))
     if schema is ClusterConfig:
         values = {"launcher": "slurm", **values}
     return schema(**values)
@@ -121,8 +126,8 @@ def test_every_numeric_key_is_finite_and_bounded(schema: type[Any], key: str, ki
         (ClusterConfig, "cpus_per_task", 100000, r"whole number from 1 to 65533 \(Slurm keeps it in 16 bits\)"),
         (ClusterConfig, "tasks_per_node", 70000, r"from 1 to 65533"),
         (ClusterConfig, "gpus_per_node", 200, r"from 0 to 128"),
-        (ClusterConfig, "signal_lead_s", 70000, r"sbatch --signal takes at most 65535 seconds"),
-        (ClusterConfig, "srun_wait_s", 10**12, r"from 0 to 31536000"),
+        (SlurmConfig, "signal_lead_s", 70000, r"sbatch --signal takes at most 65535 seconds"),
+        (SlurmConfig, "srun_wait_s", 10**12, r"from 0 to 31536000"),
     ],
 )
 def test_out_of_range_values_are_refused(schema: type[Any], key: str, value: Any, rule: str) -> None:
@@ -269,5 +274,5 @@ def test_a_key_added_to_a_typed_node_is_refused_when_the_config_is_built() -> No
     raw = OmegaConf.structured(Config(model=MLPConfig(), optim=AdamWConfig()))
     with open_dict(raw):
         raw.cluster.launcher = "slurm"  # (sbatch_args is Slurm's)
-        raw.cluster.sbatch_args["mail-type"] = "END"
-    assert config_from_dict(raw).cluster.sbatch_args == {"mail-type": "END"}
+        raw.cluster.slurm.sbatch_args["mail-type"] = "END"
+    assert config_from_dict(raw).cluster.slurm.sbatch_args == {"mail-type": "END"}

@@ -86,13 +86,13 @@ def slurm(**values: object) -> ClusterConfig:
     [
         (
             {"partition": "gpus"},
-            r"cluster\.partition='gpus' cannot run: there is no partition .*pick one of: cpu, gpu, short",
+            r"cluster\.slurm\.partition='gpus' cannot run: there is no partition .*pick one of: cpu, gpu, short",
         ),
-        ({"account": "nobody"}, r"cluster\.account='nobody'.*pick one of: proj1, proj2"),
-        ({"qos": "urgent"}, r"cluster\.qos='urgent'.*pick one of: high, normal"),
+        ({"account": "nobody"}, r"cluster\.slurm\.account='nobody'.*pick one of: proj1, proj2"),
+        ({"qos": "urgent"}, r"cluster\.slurm\.qos='urgent'.*pick one of: high, normal"),
         (
             {"gpus_per_node": 4},
-            r"gpus_per_node=4 cannot run: the nodes of partition cpu \(the default\) have 0 GPUs.*cluster\.partition=gpu",
+            r"gpus_per_node=4 cannot run: the nodes of partition cpu \(the default\) have 0 GPUs.*cluster\.slurm\.partition=gpu",
         ),
         (
             {"partition": "gpu", "gpus_per_node": 8},
@@ -110,7 +110,10 @@ def slurm(**values: object) -> ClusterConfig:
             {"nodes": 5},
             r"cluster\.nodes=5 cannot run: partition cpu \(the default\) has 4 nodes\. HINT: set cluster\.nodes=4",
         ),
-        ({"mem": "300G"}, r"cluster\.mem='300G' cannot run: the nodes of partition cpu \(the default\) have 256000 MB"),
+        (
+            {"mem": "300G"},
+            r"cluster\.slurm\.mem='300G' cannot run: the nodes of partition cpu \(the default\) have 256000 MB",
+        ),
     ],
 )
 def test_impossible_requests_are_refused(facts: ClusterFacts, values: dict[str, object], message: str) -> None:
@@ -144,7 +147,9 @@ def test_live_reading_goes_through_scontrol_and_sacctmgr() -> None:
 
 
 def test_slurm_refusals_name_the_key() -> None:
-    assert "HINT: change cluster.partition" in explain_slurm_refusal("sbatch: error: invalid partition specified: x")
+    assert "HINT: change cluster.slurm.partition" in explain_slurm_refusal(
+        "sbatch: error: invalid partition specified: x"
+    )
     assert "cluster.nodes, gpus_per_node" in explain_slurm_refusal(
         "sbatch: error: Batch job submission failed: Requested node configuration is not available"
     )

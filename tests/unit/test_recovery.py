@@ -344,7 +344,7 @@ def test_the_limits_end_a_crash_loop(tmp_path: Path) -> None:
     code, rd, calls = supervised(tmp_path, progressing, spare_nodes=0, max_failures=2)
     assert code == 87 and len(calls) == 3  # two restarts, then no more
     assert [nodelist(c) for c in calls] == ["node1,node2"] * 3  # without spares the node is used again
-    assert "cluster.max_failures=2" in rd.read_attempts()[-1]["message"]
+    assert "cluster.slurm.max_failures=2" in rd.read_attempts()[-1]["message"]
     code, rd, calls = supervised(tmp_path / "stalled", [kill_on("node1", 0)] * 4, spare_nodes=0)
     assert code == 87 and len(calls) == 2
     assert "max_stalled_failures=1" in rd.read_attempts()[-1]["message"]

@@ -47,7 +47,7 @@ def test_restart_count_prefers_slurm(tmp_path: Path) -> None:
 def test_refusal_counts_restarts_and_stalls() -> None:
     cluster = ClusterConfig(launcher="slurm", max_restarts=3, max_stalled_restarts=1)
     assert refusal([attempt(0, 40)], 0, cluster) is None
-    assert "already restarted 3 times (cluster.max_restarts=3)" in str(refusal([attempt(0, 40)], 3, cluster))
+    assert "already restarted 3 times (cluster.slurm.max_restarts=3)" in str(refusal([attempt(0, 40)], 3, cluster))
     # One attempt without progress is tolerated, two in a row are not.
     assert refusal([attempt(0, 40), attempt(40, 40)], 1, cluster) is None
     why = refusal([attempt(0, 40), attempt(40, 40), attempt(40, 40)], 2, cluster)

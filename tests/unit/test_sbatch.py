@@ -154,13 +154,13 @@ def test_gpu_flags() -> None:
     [
         ({"sbatch_args": {"nodes": "3"}}, r"--nodes is set by hpc_train.*HINT: use cluster\.nodes"),
         ({"sbatch_args": {"--mail-type": "END"}}, r"not an sbatch flag name"),
-        ({"mem": "lots"}, r"cluster\.mem='lots' is invalid"),
+        ({"mem": "lots"}, r"cluster\.slurm\.mem='lots' is invalid"),
         ({"gpus_per_node": 2, "tasks_per_node": 4}, r"4 tasks per node would share 2 GPUs"),
         ({"gpu_binding": "task"}, r"per-task binding"),
         ({"signal": "USR3"}, r"cluster\.signal='USR3'"),
         ({"setup": ["echo 'unbalanced"]}, r"cannot split .*balance the quotes"),
         ({"signal_lead_s": 7200, "timeout_min": 60}, r"shorter than the time limit"),
-        ({"submit": "qsub"}, r"cluster\.submit='qsub'"),
+        ({"submit": "qsub"}, r"cluster\.slurm\.submit='qsub'"),
     ],
 )
 def test_slurm_rules(overrides: dict[str, object], message: str) -> None:
@@ -174,7 +174,7 @@ def test_tasks_per_node_defaults_to_gpus() -> None:
 
 
 def test_slurm_keys_on_local_launcher_warn() -> None:
-    with pytest.warns(UserWarning, match=r"cluster\.partition is ignored by cluster\.launcher=local"):
+    with pytest.warns(UserWarning, match=r"cluster\.slurm\.partition is ignored by cluster\.launcher=local"):
         ClusterConfig(launcher="local", partition="gpu")
 
 
@@ -225,14 +225,21 @@ INJECTIONS = {
 }
 
 
+@pytest.mark.parametrize("nested", [True, False], ids=["slurm.key", "old flat key"])
 @pytest.mark.parametrize("key", sorted(INJECTIONS))
-def test_a_profile_cannot_inject_a_command(tmp_path: Path, key: str) -> None:
+def test_a_profile_cannot_inject_a_command(tmp_path: Path, key: str, nested: bool) -> None:
+    """Under cluster.slurm, or under the old flat names that profiles written before it still use."""
     from hpc_train.tools.api import compose_config
 
     profile = tmp_path / "conf" / "cluster"
     profile.mkdir(parents=True)
-    (profile / "shared.yaml").write_text(f"defaults: [slurm]\n{INJECTIONS[key]}\n")
-    with pytest.raises(ConfigError, match=rf"cluster\.{re.escape(key)} holds the control character"):
+    line = INJECTIONS[key]
+    slurm_key = key != "signal"
+    if nested and slurm_key:
+        line = f"slurm:\n  {line}"
+    (profile / "shared.yaml").write_text(f"defaults: [slurm]\n{line}\n")
+    where = f"slurm.{key}" if slurm_key else key
+    with pytest.raises(ConfigError, match=rf"cluster\.{re.escape(where)} holds the control character"):
         compose_config("cluster=shared", config_dir=tmp_path / "conf")
 
 
@@ -276,7 +283,7 @@ def test_container_wraps_the_batch_step_and_every_training_step(tmp_path: Path) 
 
 def test_a_wrapper_in_python_points_to_cluster_container() -> None:
     with pytest.raises(
-        ConfigError, match=r"cluster\.python=.*HINT:.*cluster\.container='apptainer exec --nv img\.sif'"
+        ConfigError, match=r"cluster\.slurm\.python=.*HINT:.*cluster\.slurm\.container='apptainer exec --nv img\.sif'"
     ):
         slurm(python="apptainer exec --nv img.sif python")
 

@@ -216,7 +216,7 @@ def test_a_failed_submission_folder_is_no_sweep_and_a_broken_config_no_traceback
     broken.path.mkdir()
     broken.config.write_text("cluster: {launcher: slurm, spare_nodes: -1}\nmodel: {name: mlp}\noptim: {name: adamw}\n")
     assert jobs_main(["status", str(broken.path)]) == 2
-    assert "cluster.spare_nodes=-1 is invalid" in capsys.readouterr().err
+    assert "cluster.slurm.spare_nodes=-1 is invalid" in capsys.readouterr().err
 
 
 # ---- local runs: whether the ranks' processes run ------------------------------------------------------------
