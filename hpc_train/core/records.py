@@ -220,6 +220,7 @@ def _is(choices: type[enum.Enum]) -> Callable[[Any], bool]:
 
 _STEP = _Key("is not a step number", _or_none(_integer))
 _TIME = _Key("is not a time stamp", _or_none(_number))
+_SECONDS = _Key("is not a number of seconds", _or_none(_number))
 _HOSTS = _Key("is not a list of hosts", _strings, tuple)
 
 
@@ -396,6 +397,8 @@ class RequeueEntry(_Record):
     stopped_step: int | None = None
     signal: int
     time: float | None = None
+    stop_saved_s: float | None = None
+    """Seconds from the signal to the durable checkpoint the attempt stopped with (rank 0's count)."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "restart": _Key("is not an attempt number", _integer, required=True),
@@ -403,6 +406,7 @@ class RequeueEntry(_Record):
         "stopped_step": _STEP,
         "signal": _Key("is not a signal number", _integer, required=True),
         "time": _TIME,
+        "stop_saved_s": _SECONDS,
     }
     NULLS = frozenset({"resumed_step", "stopped_step"})
 
@@ -449,6 +453,8 @@ class RankStatus(_Record):
     """The stop signal a stopped rank checkpointed on."""
     requeued: str | None = None
     """What ``scontrol requeue`` was asked to requeue."""
+    stop_saved_s: float | None = None
+    """Seconds from the stop signal to the durable checkpoint a stopped rank stopped with."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Keys the record does not name (the peak GPU memory, ``cuda_max_mem_mb``): written as they are."""
 
@@ -468,6 +474,7 @@ class RankStatus(_Record):
         "traceback": _Key("is not a string", _string),
         "signal": _Key("is not a signal number", _integer),
         "requeued": _Key("is not a job id", _string),
+        "stop_saved_s": _SECONDS,
     }
 
     @classmethod

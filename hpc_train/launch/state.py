@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
-from hpc_train.core.records import AttemptOutcome, AttemptRecord
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -189,6 +189,7 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         return replace(base, state=state, done=done, ok=ok, detail=detail)
 
     notes = [attempts_note(attempts)] if attempts else []
+    notes += stops_note(run_dir.requeue_records())
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         retried = notes if len(attempts) > 1 else []
         return verdict("COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *retried]))
@@ -213,6 +214,14 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     if not statuses and not batch:
         return verdict("ENDED", done=True, detail="Slurm no longer lists the job and no rank ever started")
     return verdict("FAILED", done=True, detail="; ".join(reasons) or "ended before every rank completed")
+
+
+def stops_note(history: list[RequeueEntry]) -> list[str]:
+    """How soon each stop's checkpoint was durable after its signal, for the requeues that say."""
+    seconds = [f"{entry.stop_saved_s:.1f}" for entry in history if entry.stop_saved_s is not None]
+    if not seconds:
+        return []
+    return [f"requeued {len(history)}x; checkpoint durable {', '.join(seconds)} s after each stop signal"]
 
 
 def resume_command(run_dir: RunDir) -> str:
@@ -244,7 +253,11 @@ def _without_scheduler(
         return verdict("FAILED", done=True, detail=f"ranks {missing} never started")
     if {str(s.get("state")) for s in statuses.values()} <= {RankState.STOPPED.value, RankState.COMPLETED.value}:
         steps = [int(s["step"]) for s in statuses.values() if s.get("step") is not None]
-        detail = f"stopped {at_step(max(steps) if steps else None)} on a signal; resume: {resume_command(run_dir)}"
+        saved = statuses.get(0, {}).get("stop_saved_s")
+        durable = f" (checkpoint durable {float(saved):.1f} s after the signal)" if saved is not None else ""
+        detail = (
+            f"stopped {at_step(max(steps) if steps else None)} on a signal{durable}; resume: {resume_command(run_dir)}"
+        )
         return verdict("STOPPED", done=True, detail=detail)
     return verdict("UNKNOWN", done=False, detail="the ranks' statuses name no known state")
 

@@ -24,9 +24,13 @@ class Outcome:
     requeued: str | None = None
     """What ``scontrol requeue`` was asked to requeue."""
     peak: Mapping[str, float] = field(default_factory=dict)
+    stop_saved_s: float | None = None
+    """Seconds from the stop signal to the durable checkpoint it stopped with."""
 
     @property
     def extra(self) -> dict[str, float | str]:
-        """The status's keys beyond its state and step: signal, requeued and the peak memory, where known."""
-        named = {"signal": self.signal, "requeued": self.requeued}
+        """The status's keys beyond its state and step: signal, requeued, the seconds to a durable checkpoint
+        and the peak memory, where known."""
+        saved = None if self.stop_saved_s is None else round(self.stop_saved_s, 3)
+        named = {"signal": self.signal, "requeued": self.requeued, "stop_saved_s": saved}
         return {**{key: value for key, value in named.items() if value is not None}, **self.peak}

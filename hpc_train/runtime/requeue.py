@@ -42,11 +42,21 @@ def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def record_attempt(
-    rd: RunDir, restart: int, resumed_step: int | None, stopped_step: int | None, signum: int
+    rd: RunDir,
+    restart: int,
+    resumed_step: int | None,
+    stopped_step: int | None,
+    signum: int,
+    stop_saved_s: float | None = None,
 ) -> list[RequeueEntry]:
     """Append this attempt to ``status/restarts.json``; returns the whole history."""
     entry = RequeueEntry(
-        restart=restart, resumed_step=resumed_step, stopped_step=stopped_step, signal=signum, time=time.time()
+        restart=restart,
+        resumed_step=resumed_step,
+        stopped_step=stopped_step,
+        signal=signum,
+        time=time.time(),
+        stop_saved_s=None if stop_saved_s is None else round(stop_saved_s, 3),
     )
     return rd.append_restart(entry)
 
@@ -89,7 +99,9 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
     Only the preemption signal requeues: SIGTERM comes from Slurm ending the job (scancel, or a requeue or
     preemption that Slurm carries out itself) and SIGINT from a terminal; both just checkpoint and exit.
     """
-    outcome = Outcome(state=RankState.STOPPED, step=fit.step or 0, signal=fit.signal, peak=fit.peak)
+    outcome = Outcome(
+        state=RankState.STOPPED, step=fit.step or 0, signal=fit.signal, peak=fit.peak, stop_saved_s=fit.stop_saved_s
+    )
     own = fit.signal == signal_number(cfg.cluster.signal)
     # An allocation a shell holds (cluster.slurm.submit=here) is not a batch job: Slurm cannot requeue it.
     requeues = env.source == "slurm" and own and cfg.cluster.slurm.submit != "here"
@@ -99,7 +111,7 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
         return outcome
     if not env.is_main:
         return outcome
-    history = record_attempt(rd, job.attempt, fit.start_step, fit.step, fit.signal)
+    history = record_attempt(rd, job.attempt, fit.start_step, fit.step, fit.signal, fit.stop_saved_s)
     # Requeues spend the requeue budget; restarts inside an allocation spend their own (runtime.retry).
     why_not = refusal(history, job.requeues, cfg.cluster)
     if why_not is not None:

@@ -85,3 +85,5 @@ class FitResult:
     """The stop signal (0: none)."""
     peak: Mapping[str, float] = field(default_factory=dict)
     """This rank's peak GPU memory (empty on CPU); the final status keeps it."""
+    stop_saved_s: float | None = None
+    """Seconds from the stop signal to the durable checkpoint (None: not stopped, or not known here)."""

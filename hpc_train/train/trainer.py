@@ -52,6 +52,9 @@ from hpc_train.train.window import MetricsWindow
 
 __all__ = ["FitResult", "Trainer"]
 
+LISTEN_EVERY_S = 0.05
+"""During validation the ranks agree on stop signals about this often (by rank 0's batches): a stop waits at
+most that long, plus a batch; a check costs about a millisecond of gloo round trip."""
 CHECKPOINT_SHARE = 0.01
 """The most of the training time that time-based checkpoints may take: a slower save stretches the interval."""
 
@@ -133,6 +136,11 @@ class Trainer:
         """Time-based checkpoints: the interval in force on rank 0 (0: off); stretched when saves are slow."""
         self._last_checkpoint_at = time.monotonic()
         self._due_voted = False
+        self._val_rounds: int | None = None
+        """Validation batches on the rank with the most (agreed at the first validation)."""
+        self.stop_saved_s: float | None = None
+        """Seconds from this rank's stop signal to the durable checkpoint it stopped with (None: no stop, or
+        another rank caught the signal)."""
         self._resume()
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
@@ -158,6 +166,7 @@ class Trainer:
                 step=self.step,
                 signal=signal,
                 peak=self.telemetry.memory(),
+                stop_saved_s=self.stop_saved_s,
             )
         except BaseException as exc:
             tag_step(exc, self.step)  # "the same step" tells a repeated failure
@@ -185,14 +194,16 @@ class Trainer:
                 self.step_in_epoch += 1
                 self.window.stepped()
                 self.observer.on_step(self.step)
-                early_stop = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
+                early_stop, heard = self._after_step(end_of_epoch=self.step_in_epoch == self.steps_per_epoch)
                 if early_stop or self.step >= self.total_steps:
                     return self._complete()
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
-                stopped_by, due = self._agree()
+                # (A signal heard during this step's validation already is.)
+                stopped_by, due = (heard, False) if heard else self._agree()
                 if stopped_by:
                     if self._saved_step != self.step:  # a step-count checkpoint of this very step is the same
                         self._save_checkpoint(f"signal {stopped_by}")
+                    self._note_stop_saved()
                     return False, stopped_by
                 if due and self._saved_step != self.step:
                     self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
@@ -287,8 +298,10 @@ class Trainer:
         scale = getattr(scaler, "_scale", None)  # torch keeps it there; get_scale() would read it to the host
         return scale if isinstance(scale, torch.Tensor) else torch.tensor(scaler.get_scale(), device=self.device)
 
-    def _after_step(self, end_of_epoch: bool) -> bool:
-        """Log, validate, checkpoint as due; True when early stopping ends training."""
+    def _after_step(self, end_of_epoch: bool) -> tuple[bool, int]:
+        """Log, validate, checkpoint as due: (whether early stopping ends training, the stop signal the ranks
+        agreed on during validation or 0). A validation cut short by a stop is skipped: its row keeps the
+        training metrics, and the resumed run goes on with the next step (the validation is not redone)."""
         tc = self.cfg.trainer
         last = self.step >= self.total_steps
         validate = self.val_loader is not None and (
@@ -296,39 +309,72 @@ class Trainer:
             or (tc.val_every_n_steps > 0 and self.step % tc.val_every_n_steps == 0)
             or (end_of_epoch and tc.val_every_n_epochs > 0 and (self.epoch + 1) % tc.val_every_n_epochs == 0)
         )
-        stop = False
+        stop, heard = False, 0
         if last or validate or self.step % tc.log_every_n_steps == 0:
             memory = self.telemetry.memory()
             self.observer.on_row(self.step, memory)
             row = self.window.close(self.step, self.epoch) | memory
             if validate:
-                row |= self.validate()
-                stop = self._early_stop(row)
+                metrics = self._validate_unless_stopped()
+                if isinstance(metrics, int):
+                    heard = metrics
+                    log.warning("validation at step %d cut short by signal %d: skipped", self.step, heard)
+                else:
+                    row |= metrics
+                    stop = self._early_stop(row)
             self._report(row)
         if tc.checkpoint_every_n_steps and self.step % tc.checkpoint_every_n_steps == 0:
             self._save_checkpoint()
         self.progress.update(1)
-        return stop
+        return stop, heard
 
     # ---- metrics --------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def validate(self) -> dict[str, Any]:
         """Loss and metric over exactly the validation set: each sample is seen once, on one rank."""
+        metrics = self._validate_unless_stopped(listen=False)
+        assert isinstance(metrics, dict)
+        return metrics
+
+    @torch.no_grad()
+    def _validate_unless_stopped(self, listen: bool = True) -> dict[str, Any] | int:
+        """``validate``, or the stop signal when the ranks heard one before a batch (``listen``): every rank
+        then leaves at the same batch. Ranks whose shard has fewer batches listen as often as the others."""
         assert self.val_loader is not None
+        if self._val_rounds is None:
+            rounds = torch.tensor([len(self.val_loader)], dtype=torch.int64)
+            dist.all_reduce(rounds, op=dist.ReduceOp.MAX, group=self.control)
+            self._val_rounds = int(rounds.item())
         self.raw_model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, metric sum, count
-        for inputs, targets in self.val_loader:
+        batches = iter(self.val_loader)
+        last_check, next_check, since = 0, 0, time.monotonic()
+        for index in range(self._val_rounds):
             self.observer.on_phase("validating")
+            if listen and index == next_check:
+                # Rank 0 proposes how many batches to go until the next check: about LISTEN_EVERY_S of its own
+                # batches. The MAX of the votes is its proposal, so every rank checks at the same batches.
+                done = index - last_check
+                per_batch = (time.monotonic() - since) / done if done else 0.0
+                stride = max(1, min(1000, int(LISTEN_EVERY_S / per_batch))) if per_batch > 0 else 1
+                heard, agreed = self.stop.heard(self.control, stride if self.env.is_main else 0)
+                if heard:
+                    self.raw_model.train()
+                    return heard
+                last_check, next_check, since = index, index + max(1, agreed), time.monotonic()
+            batch = next(batches, None)
+            if batch is None:  # this rank's shard is shorter by a batch
+                continue
+            inputs, targets = batch
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             with self.precision.autocast():
                 outputs = self.raw_model(inputs)
             outputs = outputs.float()
-            batch = targets.shape[0]
-            sums[0] += self.loss_fn(outputs, targets).double() * batch  # losses are batch means
+            size = targets.shape[0]
+            sums[0] += self.loss_fn(outputs, targets).double() * size  # losses are batch means
             sums[1] += self.metric_fn(outputs, targets).double().sum()
-            sums[2] += batch
+            sums[2] += size
         dist.all_reduce(sums)
         self.raw_model.train()
         loss_sum, metric_sum, count = sums.tolist()
@@ -420,6 +466,15 @@ class Trainer:
         self._last_checkpoint_at = time.monotonic()
         self._due_voted = False
         dist.barrier(group=self.control)
+
+    def _note_stop_saved(self) -> None:
+        """Every rank has the checkpoint of this step durable (``_save_checkpoint`` ends with a barrier): how
+        long after the signal, as this rank counts it."""
+        if self.stop.received_at is not None:
+            self.stop_saved_s = time.monotonic() - self.stop.received_at
+            log.info(
+                "stop: the checkpoint of step %d was durable %.2f s after the signal", self.step, self.stop_saved_s
+            )
 
     def _refuse_nonfinite_state(self) -> None:
         """Diverged, on every rank at once, when any rank's weights or optimizer state hold NaN or inf."""

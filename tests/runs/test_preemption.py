@@ -15,7 +15,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import Background, assert_bitwise_equal, start_in_foreground
+from ..conftest import Background, assert_bitwise_equal, start_in_foreground, wait_for_ranks
 
 # Dropout draws from each rank's own generator; 1400 samples / (2 x 32) = 19 steps an epoch, so 35 steps cross an
 # epoch boundary and a stop at step 13 is mid-epoch.
@@ -211,3 +211,53 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_the_run(tmp_path: Path, after_s: 
         assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
     else:
         assert "interrupted" in err, err[-2000:]
+
+
+# A validation of 54,000 samples in batches of 4 (6,750 batches a rank): seconds long, against a step of
+# milliseconds, so that a signal sent once every rank is at step 10's metrics row lands in its validation.
+VALIDATING = [
+    "trainer.max_steps=20",
+    "trainer.max_epochs=0",
+    "data.num_samples=60000",
+    "data.val_fraction=0.9",
+    "trainer.batch_size=4",
+    "trainer.val_every_n_steps=10",
+    "trainer.log_every_n_steps=5",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+    "trainer.tensorboard=false",
+]
+
+
+def test_a_stop_during_validation_is_heard_at_the_next_batch(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM to rank 0 in the middle of step 10's validation: the ranks agree on it before the next batch,
+    skip the rest of the validation, save the checkpoint of step 10 (not 11: the stop does not wait for the
+    validation to end), and say how soon it was durable. The resumed run skips that validation and ends with
+    the uninterrupted run's weights."""
+    base_dir = tmp_path / "baseline"
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={base_dir}", *VALIDATING]
+    baseline = Background(argv, base_dir, tmp_path / "baseline.out", timeout=240)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *VALIDATING]
+    launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    wait_for_ranks(run_dir, 10, alive=lambda: launcher.poll() is None)  # the heartbeat comes just before validation
+    os.kill(int(RunDir(run_dir).read_statuses()[0]["pid"]), signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, err[-3000:]
+    statuses = RunDir(run_dir).read_statuses()
+    assert {s["state"] for s in statuses.values()} == {"stopped"} and {s["step"] for s in statuses.values()} == {10}
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")] == ["step_000000010.pt"]
+    assert "validation at step 10 cut short by signal 15: skipped" in (run_dir / "logs" / "rank_0.log").read_text()
+    rows = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert "train_loss" in rows[10] and "val_loss" not in rows[10], rows[10]
+    assert 0 < statuses[0]["stop_saved_s"] < 60 and "stop_saved_s" not in statuses[1]  # rank 1 had no signal
+    status = subprocess.run(
+        [sys.executable, "-m", "hpc_train.jobs", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert "STOPPED" in status.stdout and "checkpoint durable" in status.stdout, status.stdout + status.stderr
+
+    resumed, _ = run_cli(*VALIDATING, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_bitwise_equal(baseline.ready(), run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val_loss" in r] == [20]  # step 10's validation was skipped, not redone

@@ -108,3 +108,25 @@ def test_should_stop_outside_a_process_group_and_the_restart_count() -> None:
     env = {**os.environ, "HPC_TRAIN_ATTEMPT": "3"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.stdout.split() == ["False", "True", str(int(signal.SIGUSR2)), "3"], proc.stderr
+
+
+def test_each_stop_keeps_its_seconds_to_a_durable_checkpoint(tmp_path: Path) -> None:
+    from hpc_train.launch.state import stops_note
+    from hpc_train.runtime.requeue import record_attempt
+
+    rd = RunDir(tmp_path)
+    record_attempt(rd, 0, 0, 40, signal.SIGUSR2, 0.4321)
+    history = record_attempt(rd, 1, 40, 80, signal.SIGUSR2)  # a rank that did not catch the signal itself
+    assert [e.stop_saved_s for e in rd.requeue_records()] == [0.432, None] == [e.stop_saved_s for e in history]
+    assert stops_note(history) == ["requeued 2x; checkpoint durable 0.4 s after each stop signal"]
+    assert stops_note([attempt(0, 40)]) == []
+
+
+def test_the_stop_handler_notes_when_the_signal_came() -> None:
+    stop = StopSignals([signal.SIGUSR1]).install()
+    try:
+        assert stop.received_at is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1 and stop.received_at is not None
+    finally:
+        stop.restore()
