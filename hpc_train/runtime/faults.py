@@ -7,7 +7,8 @@ one of its observers (``FaultObserver``: called after every step, and wrapping t
 kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), no cleanup), ``kill`` (SIGKILL to
 itself), ``term`` / ``usr2`` / ``int`` (that signal to itself, as Slurm or Ctrl-C would send it), ``hang`` (sleeps
 inside the step, forever), ``freeze`` (SIGSTOP to itself: frozen, as a rank on a dead node), ``killsave`` (SIGKILL
-halfway through writing the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
+halfway through writing the checkpoint of that step, on rank 0), ``termsave`` (SIGTERM to itself while writing
+the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
 (init_process_group), ``step=N`` after the N-th optimizer step. ``attempt=K`` arms it in attempt K only (the
 supervisor's restarts would otherwise meet it again).
 """
@@ -28,7 +29,8 @@ __all__ = ["VARIABLE", "Fault", "FaultObserver", "armed_fault", "fault_from_env"
 
 VARIABLE = "HPC_TRAIN_FAULT"
 _SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "usr2": signal.SIGUSR2, "int": signal.SIGINT}
-KINDS = ("raise", "exit", "hang", "freeze", "killsave", *_SIGNALS)
+KINDS = ("raise", "exit", "hang", "freeze", "killsave", "termsave", *_SIGNALS)
+_WHILE_SAVING = ("killsave", "termsave")
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +42,7 @@ class Fault:
 
     def at_step(self, rank: int, step: int) -> None:
         """Called after every optimizer step (and with step 0 before the rendezvous): fire if it is time."""
-        if rank != self.rank or step != self.step or self.kind == "killsave":
+        if rank != self.rank or step != self.step or self.kind in _WHILE_SAVING:
             return
         if self.kind == "raise":
             raise RuntimeError(f"injected fault ({VARIABLE}) on rank {rank} at step {step}")
@@ -55,14 +57,17 @@ class Fault:
         os.kill(os.getpid(), _SIGNALS[self.kind])
 
     def checkpoint_writer(self, rank: int, serialize: Serialize) -> Serialize:
-        """``serialize`` for the trainer's checkpoints; with ``killsave`` on this rank, one that dies halfway
-        through writing the checkpoint of the fault's step (into the temp file the ledger names)."""
-        if self.kind != "killsave" or rank != self.rank:
+        """``serialize`` for the trainer's checkpoints; on this rank, with ``killsave`` one that dies halfway
+        through writing the checkpoint of the fault's step (into the temp file the ledger names), with
+        ``termsave`` one that sends itself SIGTERM there and goes on writing."""
+        if self.kind not in _WHILE_SAVING or rank != self.rank:
             return serialize
 
         def serialize_or_die(state: Any, f: IO[bytes]) -> None:
             if isinstance(state, dict) and state.get("step") == self.step:
-                _die_halfway(f)
+                if self.kind == "killsave":
+                    _die_halfway(f)
+                os.kill(os.getpid(), signal.SIGTERM)
             serialize(state, f)
 
         return serialize_or_die

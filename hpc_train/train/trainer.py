@@ -198,15 +198,20 @@ class Trainer:
                 if early_stop or self.step >= self.total_steps:
                     return self._complete()
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
-                # (A signal heard during this step's validation already is.)
+                # (A signal heard during this step's validation or checkpoint already is.)
                 stopped_by, due = (heard, False) if heard else self._agree()
+                if not stopped_by and self.step == self.start_step + 1:
+                    # The first step can be long (a compile, the first collectives): a signal during it is
+                    # served now, by a blocking agreement, rather than a step later.
+                    stopped_by = self.stop.heard(self.control)[0]
+                if due and not stopped_by and self._saved_step != self.step:
+                    self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
+                    stopped_by = self.stop.heard(self.control)[0]  # a signal during the save: this one is its
                 if stopped_by:
                     if self._saved_step != self.step:  # a step-count checkpoint of this very step is the same
                         self._save_checkpoint(f"signal {stopped_by}")
                     self._note_stop_saved()
                     return False, stopped_by
-                if due and self._saved_step != self.step:
-                    self._save_checkpoint(f"every {self._checkpoint_every_s / 60:.3g} min")
             self.epoch += 1
             self.step_in_epoch = 0
         return self._complete()
@@ -300,7 +305,7 @@ class Trainer:
 
     def _after_step(self, end_of_epoch: bool) -> tuple[bool, int]:
         """Log, validate, checkpoint as due: (whether early stopping ends training, the stop signal the ranks
-        agreed on during validation or 0). A validation cut short by a stop is skipped: its row keeps the
+        agreed on during validation or right after a checkpoint, or 0). A validation cut short by a stop is skipped: its row keeps the
         training metrics, and the resumed run goes on with the next step (the validation is not redone)."""
         tc = self.cfg.trainer
         last = self.step >= self.total_steps
@@ -325,6 +330,8 @@ class Trainer:
             self._report(row)
         if tc.checkpoint_every_n_steps and self.step % tc.checkpoint_every_n_steps == 0:
             self._save_checkpoint()
+            if not heard:  # a signal during the save is served now: this checkpoint is the stop's
+                heard = self.stop.heard(self.control)[0]
         self.progress.update(1)
         return stop, heard
 

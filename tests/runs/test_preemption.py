@@ -261,3 +261,25 @@ def test_a_stop_during_validation_is_heard_at_the_next_batch(run_cli, tmp_path: 
     assert_bitwise_equal(baseline.ready(), run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val_loss" in r] == [20]  # step 10's validation was skipped, not redone
+
+
+@pytest.mark.parametrize(
+    ("fault", "stop"),
+    [("rank=0,step=10,kind=termsave", 10), ("rank=1,step=1,kind=term", 1)],
+    ids=["during a checkpoint", "during the first step"],
+)
+def test_a_stop_in_a_long_phase_is_served_at_its_end(run_cli, baseline: Background, fault: str, stop: int) -> None:  # type: ignore[no-untyped-def]
+    """A signal while step 10's checkpoint is written stops the ranks as soon as it is durable: that checkpoint
+    is the stop's, with no step after it (before: one more step and another checkpoint). A signal during the
+    first step, which can be long (a compile), stops them right after it (before: a step later). The rerun
+    ends bit-identical."""
+    job = [*JOB, "trainer.checkpoint_every_n_steps=5"]
+    stopped, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": fault})
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    statuses = RunDir(run_dir).read_statuses()
+    assert {s["step"] for s in statuses.values()} == {stop} and {s["state"] for s in statuses.values()} == {"stopped"}
+    expected = [f"step_{s:09d}.pt" for s in range(5, stop + 1, 5)] or [f"step_{stop:09d}.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt")) == expected
+    resumed, _ = run_cli(*job, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_bitwise_equal(baseline.ready(), run_dir)
