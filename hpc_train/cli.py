@@ -52,7 +52,7 @@ def _app(raw: DictConfig) -> None:
             # The resume command needs the user's config folder as much as the overrides.
             flags = [f"--config-dir={d.resolve()}" for d in config_dir_arg(sys.argv)]
             overrides = [*flags, *HydraConfig.get().overrides.task]
-            write_config(cfg, run_dir, overrides, secret_keys=environment_keys(raw))
+            cfg = write_config(cfg, run_dir, overrides, secret_keys=environment_keys(raw))
         except ConfigError as exc:
             _config_error(exc)
 

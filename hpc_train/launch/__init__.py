@@ -15,12 +15,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config import RESUME_SAFE_KEYS, Config, config_from_dict, fold_slurm_aliases, resolve
+from hpc_train.config.shape import SHAPE_KEYS, same_global_batch
 from hpc_train.core import owner
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks
+from hpc_train.launch.reshape import reshaped
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
 
 __all__ = ["claim_run_dir", "finished_step", "launch", "make_private", "slurm_probe", "write_config"]
@@ -101,16 +103,18 @@ def finished_message(cfg: Config, run_dir: RunDir, step: int) -> str:
 
 def write_config(
     cfg: Config, run_dir: RunDir, overrides: Sequence[str] | None = None, secret_keys: Sequence[str] = ()
-) -> None:
+) -> Config:
     """Save the validated config and the overrides that made it; refuse to overwrite a different config (that
     run's record would be lost), or a run dir another launch owns (``hpc_train.core.owner``; a launcher claims
     the run dir first with ``claim_run_dir``). ``overrides=None``: those of the Hydra job running now (none
     outside one). ``secret_keys``: keys whose values came from the environment (``config.environment_keys``):
-    the run dir is made private first (``make_private``)."""
+    the run dir is made private first (``make_private``). Returns the config saved: on another shape than the
+    run dir's, with the per-rank batch and accumulation that keep its global batch (``launch.reshape``)."""
     owner.check_free(run_dir.path, slurm_probe)
     _check_folders(run_dir)
     if secret_keys:
         make_private(run_dir.path, secret_keys)
+    cfg = reshaped(cfg, run_dir)
     text = OmegaConf.to_yaml(OmegaConf.structured(resolve(cfg)))  # the numbers the ranks will read
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
@@ -118,6 +122,7 @@ def write_config(
         _check_something_to_resume(run_dir)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
     run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
+    return cfg
 
 
 def _check_folders(run_dir: RunDir) -> None:
@@ -193,7 +198,9 @@ def _check_resubmission(run_dir: RunDir, text: str) -> None:
     trained with the old values."""
     old, new = (_comparable(t) for t in (run_dir.config.read_text(), text))
     differ = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
-    fixed = [k for k in differ if k not in RESUME_SAFE_KEYS]
+    # Another shape with the same global batch resumes on it (launch.reshape picked the split).
+    safe = set(RESUME_SAFE_KEYS) | (set(SHAPE_KEYS) if same_global_batch(old, new) else set())
+    fixed = [k for k in differ if k not in safe]
     if fixed:
         shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in fixed[:6])
         raise ConfigError(

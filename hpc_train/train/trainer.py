@@ -12,6 +12,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sized
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +23,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from hpc_train.config import Config, TrainerConfig
+from hpc_train.config.shape import Shape
 from hpc_train.core.errors import ConfigError, Diverged, tag_step
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import shows_progress_bar
@@ -102,6 +104,10 @@ class Trainer:
         self.optimizer = build_optimizer(cfg.optim, self.model.parameters(), self.lr)
         # Leftover micro-batches at the end of an epoch (fewer than `accumulate`) are skipped, not carried over.
         self.steps_per_epoch = len(self.train_loader) // self.accumulate
+        if cfg.data.drop_last:
+            # Whole global batches of the epoch's order, the same count at any rank count: never the repeats the
+            # sampler pads a rank's share with (a run resumed on another shape then meets the same epochs).
+            self.steps_per_epoch = min(self.steps_per_epoch, len(cast(Sized, train_set)) // self.global_batch)
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, tc.schedule, self.total_steps)
         self.early_stopping = EarlyStopping(tc.early_stopping, device)
@@ -538,6 +544,7 @@ class Trainer:
             "rng": [r["rng"] for r in ranks],
             "window": [[r["window_loss"] for r in ranks], self.window.steps],
             "world_size": self.env.world_size,
+            "shape": self._shape().record(),
             "early_stopping": [self.early_stopping.best, self.early_stopping.bad_validations],
             "synthetic_version": SYNTHETIC_VERSION,
             "config": self._config_dict(),
@@ -573,12 +580,7 @@ class Trainer:
             if record is not None and path.stat().st_size != record.size:
                 raise ValueError(f"{path} has {path.stat().st_size} bytes on this node, the ledger says {record.size}")
             state = verify_checkpoint(path, None)
-        if state.get("world_size") != self.env.world_size:
-            raise ConfigError(
-                f"{path} was written by {state.get('world_size')} ranks, this run has {self.env.world_size}: the "
-                "random states and data shards would not line up. HINT: resume with the same cluster shape, or "
-                "start a new run directory"
-            )
+        before = self._written_by(path, state)
         self._check_same_data(path, state)
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -590,12 +592,62 @@ class Trainer:
         self._epoch_loader_rng = state["loader_rng"]
         self.early_stopping.best, self.early_stopping.bad_validations = state["early_stopping"]
         window_losses, window_steps = state["window"]
-        self.window.restore(window_losses[self.env.rank], window_steps, self.optimizer.param_groups[0]["lr"])
-        restore_rng(state["rng"][self.env.rank], self.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if before is None:  # the same ranks: each goes on with its own random stream and loss sum
+            self.window.restore(window_losses[self.env.rank], window_steps, lr)
+            restore_rng(state["rng"][self.env.rank], self.device)
+        else:
+            # Another rank count: the loss summed since the last row is shared out so that the row's mean over
+            # ranks is the same; a rank's own random stream (dropout) cannot carry over, so each gets a new one.
+            self.window.restore(sum(window_losses) / len(window_losses), window_steps, lr)
+            torch.manual_seed(self.cfg.trainer.seed + self.env.rank + 1_000_003 * (self.step + 1))
         if self.env.is_main:
             self.run_dir.drop_metrics_after(self.step)
         self._prime_ddp_buckets()
-        log.info("resumed from %s: step %d, epoch %d (+%d steps)", path, self.step, self.epoch, self.step_in_epoch)
+        onto = "" if before is None else f", resumed from {before} onto {self._shape().describe()}"
+        log.info(
+            "resumed from %s: step %d, epoch %d (+%d steps)%s", path, self.step, self.epoch, self.step_in_epoch, onto
+        )
+
+    def _shape(self) -> Shape:
+        tc = self.cfg.trainer
+        return Shape(
+            nodes=self.env.world_size // self.env.local_world_size,
+            tasks_per_node=self.env.local_world_size,
+            batch_size=tc.batch_size,
+            accumulate=self.accumulate,
+        )
+
+    def _written_by(self, path: Path, state: dict[str, Any]) -> str | None:
+        """None when the checkpoint was written by as many ranks as this run has; else how it was laid out.
+        Another rank count resumes when the global batch is the one the checkpoint was trained with (the
+        launcher picks the split, ``launch.reshape``), since the data order follows the global sample count."""
+        if state.get("world_size") == self.env.world_size:
+            return None
+        shape = state.get("shape")
+        if not isinstance(shape, dict):  # written before checkpoints recorded their shape
+            tc = state.get("config", {}).get("trainer", {})
+            shape = {
+                "world_size": state.get("world_size"),
+                "global_batch": (state.get("world_size") or 0)
+                * tc.get("batch_size", 0)
+                * tc.get("accumulate_grad_batches", 1),
+            }
+        if shape.get("global_batch") != self.global_batch:
+            raise ConfigError(
+                f"{path} was written by {shape.get('world_size')} ranks with a global batch of "
+                f"{shape.get('global_batch')}; this run has {self.env.world_size} ranks and a global batch of "
+                f"{self.global_batch}. HINT: resume with a per-rank batch and accumulation that keep the global "
+                "batch (python -m hpc_train picks them when only the shape changes), or start a new run directory"
+            )
+        if "nodes" in shape:
+            return Shape(
+                nodes=shape["nodes"],
+                tasks_per_node=shape["tasks_per_node"],
+                batch_size=shape["batch_size"],
+                accumulate=shape["accumulate"],
+            ).describe()
+        return f"{shape.get('world_size')} ranks"
 
     def _check_same_data(self, path: Path, state: dict[str, Any]) -> None:
         """A synthetic image set changed with SYNTHETIC_VERSION 2: a run begun on the old one must not go on with

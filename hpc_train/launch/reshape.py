@@ -1,0 +1,57 @@
+"""Resume a run dir on another shape: fewer or more nodes or tasks per node than the run that wrote it.
+
+The run keeps its global batch (per-rank batch x ranks x accumulation), and with it the learning rate, the
+schedule and the step count: ``reshaped`` picks the per-rank batch and accumulation that keep it on the new
+number of ranks, before anything is launched, and says so. The trainer's data order follows a global sample
+cursor (step x global batch), so the samples of an epoch go on where they stopped, whatever the rank count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hpc_train.config import Config, load_config
+from hpc_train.config.shape import Shape, split_global_batch
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.rundir import RunDir
+
+__all__ = ["reshaped"]
+
+
+def reshaped(cfg: Config, run_dir: RunDir) -> Config:
+    """``cfg`` as it runs in ``run_dir``: when the run dir holds a run of the built-in trainer on another number
+    of nodes or tasks per node, with the per-rank batch and accumulation that keep that run's global batch.
+    ConfigError when they cannot be kept (the global batch does not split over the new rank count)."""
+    if cfg.script.enabled or not run_dir.config.exists():
+        return cfg
+    try:
+        old = Shape.of(load_config(run_dir.config))
+    except ConfigError:
+        return cfg  # the resubmission check names what is wrong with the saved config
+    new = Shape.of(cfg)
+    if (old.nodes, old.tasks_per_node) == (new.nodes, new.tasks_per_node):
+        return cfg
+    if (new.batch_size, new.accumulate) != (old.batch_size, old.accumulate):
+        if new.global_batch == old.global_batch:
+            return cfg  # you chose the split yourself
+        raise ConfigError(
+            f"{run_dir.path} was trained on {old.describe()}; this config is {new.describe()}. A run resumed on "
+            "another shape keeps its global batch. HINT: leave trainer.batch_size and "
+            "trainer.accumulate_grad_batches as they were (hpc_train then picks them for the new shape), or start "
+            "a new run"
+        )
+    split = split_global_batch(old.global_batch, new.world_size, old.batch_size, old.accumulate)
+    if split is None:
+        divisors = [w for w in range(1, old.global_batch + 1) if old.global_batch % w == 0 and w <= 4 * old.world_size]
+        raise ConfigError(
+            f"{run_dir.path} was trained on {old.describe()}, and its global batch of {old.global_batch} does not "
+            f"split over {new.world_size} ranks ({new.nodes} x {new.tasks_per_node}). HINT: resume on a rank count "
+            f"that divides {old.global_batch} (e.g. {', '.join(map(str, divisors[-4:]))}), or start a new run"
+        )
+    batch_size, accumulate = split
+    out = replace(cfg, trainer=replace(cfg.trainer, batch_size=batch_size, accumulate_grad_batches=accumulate))
+    print(
+        f"hpc_train: resuming {run_dir.path} on {Shape.of(out).describe()}; it was trained on {old.describe()}",
+        flush=True,
+    )
+    return out
