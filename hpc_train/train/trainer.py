@@ -311,8 +311,9 @@ class Trainer:
 
     def _after_step(self, end_of_epoch: bool) -> tuple[bool, int]:
         """Log, validate, checkpoint as due: (whether early stopping ends training, the stop signal the ranks
-        agreed on during validation or right after a checkpoint, or 0). A validation cut short by a stop is skipped: its row keeps the
-        training metrics, and the resumed run goes on with the next step (the validation is not redone)."""
+        agreed on during validation or right after a checkpoint, or 0). A validation cut short by a stop is
+        skipped: its row keeps the training metrics, and the resumed run goes on with the next step (the
+        validation is not redone)."""
         tc = self.cfg.trainer
         last = self.step >= self.total_steps
         validate = self.val_loader is not None and (
