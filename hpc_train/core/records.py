@@ -39,6 +39,7 @@ __all__ = [
     "RankStatus",
     "RecordError",
     "RequeueEntry",
+    "Reshape",
 ]
 
 RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
@@ -409,6 +410,22 @@ class RequeueEntry(_Record):
         "stop_saved_s": _SECONDS,
     }
     NULLS = frozenset({"resumed_step", "stopped_step"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reshape(_Record):
+    """A resubmission of the run dir on another shape (``status/reshapes.json``): from what, onto what."""
+
+    was: str
+    """The shape the run was trained on, as ``config.shape.Shape.describe`` says it."""
+    onto: str
+    time: float | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "was": _Key("is not a string", _string, required=True),
+        "onto": _Key("is not a string", _string, required=True),
+        "time": _TIME,
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

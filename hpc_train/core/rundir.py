@@ -16,6 +16,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
     status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned
     status/restarts.json       one entry per attempt that stopped on a signal
+    status/reshapes.json       one entry per resubmission on another shape (nodes x tasks), from what onto what
     status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
                                (each record's keys and types: hpc_train.core.records)
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
@@ -53,6 +54,7 @@ from hpc_train.core.records import (
     RankState,
     RankStatus,
     RequeueEntry,
+    Reshape,
 )
 from hpc_train.core.state import check_status, process_start
 
@@ -77,7 +79,7 @@ BATCH_EXIT = "status/batch_exit.json"
 _CHECKPOINT_GLOB = "step_*.pt"
 
 
-_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode)
+_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape)
 
 
 def _read_list(path: Path) -> list[dict[str, Any]]:
@@ -378,6 +380,17 @@ class RunDir:
 
     def write_goodput(self, ledger: Mapping[str, Any]) -> None:
         write_json_atomic(self.goodput, ledger)
+
+    @property
+    def reshapes(self) -> Path:
+        """One entry per resubmission on another shape (``hpc_train.launch.reshape``)."""
+        return self.status_dir / "reshapes.json"
+
+    def reshape_records(self) -> list[Reshape]:
+        return _checked_list(self.reshapes, Reshape, "reshapes")[0]
+
+    def append_reshape(self, entry: Reshape) -> None:
+        write_json_atomic(self.reshapes, [e.to_json() for e in [*self.reshape_records(), entry]])
 
     @property
     def restarts(self) -> Path:

@@ -22,7 +22,7 @@ from hpc_train.core.files import atomic_write
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks
-from hpc_train.launch.reshape import reshaped
+from hpc_train.launch.reshape import record_reshape, reshaped
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
 
 __all__ = ["claim_run_dir", "finished_step", "launch", "make_private", "slurm_probe", "write_config"]
@@ -114,7 +114,7 @@ def write_config(
     _check_folders(run_dir)
     if secret_keys:
         make_private(run_dir.path, secret_keys)
-    cfg = reshaped(cfg, run_dir)
+    cfg, reshape = reshaped(cfg, run_dir)
     text = OmegaConf.to_yaml(OmegaConf.structured(resolve(cfg)))  # the numbers the ranks will read
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
@@ -122,6 +122,7 @@ def write_config(
         _check_something_to_resume(run_dir)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
     run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
+    record_reshape(run_dir, reshape)
     return cfg
 
 

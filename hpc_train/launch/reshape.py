@@ -8,32 +8,35 @@ cursor (step x global batch), so the samples of an epoch go on where they stoppe
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from hpc_train.config import Config, load_config
 from hpc_train.config.shape import Shape, split_global_batch
 from hpc_train.core.errors import ConfigError
+from hpc_train.core.records import Reshape
 from hpc_train.core.rundir import RunDir
 
-__all__ = ["reshaped"]
+__all__ = ["record_reshape", "reshaped"]
 
 
-def reshaped(cfg: Config, run_dir: RunDir) -> Config:
+def reshaped(cfg: Config, run_dir: RunDir) -> tuple[Config, Reshape | None]:
     """``cfg`` as it runs in ``run_dir``: when the run dir holds a run of the built-in trainer on another number
-    of nodes or tasks per node, with the per-rank batch and accumulation that keep that run's global batch.
-    ConfigError when they cannot be kept (the global batch does not split over the new rank count)."""
+    of nodes or tasks per node, with the per-rank batch and accumulation that keep that run's global batch, and
+    the change of shape to record once the config is written (``record_reshape``; None: the same shape).
+    ConfigError when the global batch cannot be kept (it does not split over the new rank count)."""
     if cfg.script.enabled or not run_dir.config.exists():
-        return cfg
+        return cfg, None
     try:
         old = Shape.of(load_config(run_dir.config))
     except ConfigError:
-        return cfg  # the resubmission check names what is wrong with the saved config
+        return cfg, None  # the resubmission check names what is wrong with the saved config
     new = Shape.of(cfg)
     if (old.nodes, old.tasks_per_node) == (new.nodes, new.tasks_per_node):
-        return cfg
+        return cfg, None
     if (new.batch_size, new.accumulate) != (old.batch_size, old.accumulate):
-        if new.global_batch == old.global_batch:
-            return cfg  # you chose the split yourself
+        if new.global_batch == old.global_batch:  # you chose the split yourself
+            return _noted(cfg, old)
         raise ConfigError(
             f"{run_dir.path} was trained on {old.describe()}; this config is {new.describe()}. A run resumed on "
             "another shape keeps its global batch. HINT: leave trainer.batch_size and "
@@ -50,8 +53,16 @@ def reshaped(cfg: Config, run_dir: RunDir) -> Config:
         )
     batch_size, accumulate = split
     out = replace(cfg, trainer=replace(cfg.trainer, batch_size=batch_size, accumulate_grad_batches=accumulate))
-    print(
-        f"hpc_train: resuming {run_dir.path} on {Shape.of(out).describe()}; it was trained on {old.describe()}",
-        flush=True,
-    )
-    return out
+    return _noted(out, old)
+
+
+def _noted(cfg: Config, old: Shape) -> tuple[Config, Reshape]:
+    return cfg, Reshape(was=old.describe(), onto=Shape.of(cfg).describe(), time=time.time())
+
+
+def record_reshape(run_dir: RunDir, entry: Reshape | None) -> None:
+    """Say and record (``status/reshapes.json``) a change of shape ``reshaped`` allowed, once the run dir's
+    config.yaml holds it (nothing for None: the run's own shape)."""
+    if entry is not None:
+        print(f"hpc_train: resuming {run_dir.path} on {entry.onto}; it was trained on {entry.was}", flush=True)
+        run_dir.append_reshape(entry)

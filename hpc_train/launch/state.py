@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, RequeueEntry
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, RequeueEntry, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -189,7 +189,7 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         return replace(base, state=state, done=done, ok=ok, detail=detail)
 
     notes = [attempts_note(attempts)] if attempts else []
-    notes += stops_note(run_dir.requeue_records())
+    notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         retried = notes if len(attempts) > 1 else []
         return verdict("COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *retried]))
@@ -224,6 +224,15 @@ def stops_note(history: list[RequeueEntry]) -> list[str]:
     return [f"requeued {len(history)}x; checkpoint durable {', '.join(seconds)} s after each stop signal"]
 
 
+def reshapes_note(history: list[Reshape]) -> list[str]:
+    """The last change of shape, with how many there were: 'resumed on 1 node x 2 tasks (...), trained before
+    on 2 nodes x 2 tasks (...)'."""
+    if not history:
+        return []
+    times = f" (the last of {len(history)} changes of shape)" if len(history) > 1 else ""
+    return [f"resumed on {history[-1].onto}, trained before on {history[-1].was}{times}"]
+
+
 def resume_command(run_dir: RunDir) -> str:
     """The command that resumes a local run in its own run dir from its latest checkpoint."""
     words = [f"hydra.run.dir={run_dir.path}", *run_dir.read_overrides()]
@@ -255,8 +264,12 @@ def _without_scheduler(
         steps = [int(s["step"]) for s in statuses.values() if s.get("step") is not None]
         saved = statuses.get(0, {}).get("stop_saved_s")
         durable = f" (checkpoint durable {float(saved):.1f} s after the signal)" if saved is not None else ""
-        detail = (
-            f"stopped {at_step(max(steps) if steps else None)} on a signal{durable}; resume: {resume_command(run_dir)}"
+        detail = "; ".join(
+            [
+                f"stopped {at_step(max(steps) if steps else None)} on a signal{durable}",
+                *reshapes_note(run_dir.reshape_records()),
+                f"resume: {resume_command(run_dir)}",
+            ]
         )
         return verdict("STOPPED", done=True, detail=detail)
     return verdict("UNKNOWN", done=False, detail="the ranks' statuses name no known state")

@@ -301,6 +301,10 @@ def test_a_run_resumes_on_another_rank_count_with_the_same_samples(run_cli, tmp_
     second, _ = run_cli(*job, *one, run_dir=run_dir, env={"HPC_TRAIN_FAULT": "rank=0,step=25,kind=term,attempt=1"})
     assert second.returncode == 130, second.stderr[-3000:]
     assert "global batch 64 = 32 a rank x 1 rank x 2 accumulated); it was trained on 1 node x 2 tasks" in second.stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "hpc_train.jobs", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert "resumed on 1 node x 1 task (global batch 64" in status.stdout, status.stdout + status.stderr
     third, _ = run_cli(*job, run_dir=run_dir)
     assert third.returncode == 0, third.stderr[-3000:]
     log = (run_dir / "logs" / "rank_0.restart2.log").read_text()

@@ -44,6 +44,17 @@ def test_a_run_dir_resumes_on_another_rank_count_with_its_global_batch(tmp_path:
     # ... and back: from the saved 1 x 1 (accumulating 2), two ranks take 32 each again.
     two = write_config(compose_config(*TWO_RANKS), rd)
     assert (two.trainer.batch_size, two.trainer.accumulate_grad_batches) == (32, 1)
+    # Each change of shape is on record, and jobs status says the last one.
+    assert [(r.was.split(" (")[0], r.onto.split(" (")[0]) for r in rd.reshape_records()] == [
+        ("1 node x 2 tasks", "1 node x 1 task"),
+        ("1 node x 1 task", "1 node x 2 tasks"),
+    ]
+    from hpc_train.launch.state import reshapes_note
+
+    (note,) = reshapes_note(rd.reshape_records())
+    assert (
+        note.startswith("resumed on 1 node x 2 tasks (global batch 64") and "(the last of 2 changes of shape)" in note
+    )
 
 
 def test_a_shape_that_cannot_keep_the_global_batch_is_refused(tmp_path: Path) -> None:
@@ -56,7 +67,7 @@ def test_a_shape_that_cannot_keep_the_global_batch_is_refused(tmp_path: Path) ->
     with pytest.raises(ConfigError, match=r"keeps its global batch\. HINT: leave trainer\.batch_size"):
         reshaped(compose_config("trainer.batch_size=8", "cluster.tasks_per_node=1"), rd)
     # Your own split of the same global batch is taken as it is.
-    mine = reshaped(
+    mine, _ = reshaped(
         compose_config("trainer.batch_size=1", "trainer.accumulate_grad_batches=4", "cluster.tasks_per_node=1"), rd
     )
     assert (mine.trainer.batch_size, mine.trainer.accumulate_grad_batches) == (1, 4)
@@ -67,3 +78,11 @@ def test_another_shape_with_another_global_batch_is_still_refused_at_resubmissio
     write_config(compose_config(*TWO_RANKS), rd)
     with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.batch_size: 32 -> 16"):
         write_config(compose_config("trainer.batch_size=16"), rd)  # the same shape, a smaller global batch
+
+
+def test_a_refused_resubmission_on_another_shape_records_no_change_of_shape(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path)
+    write_config(compose_config(*TWO_RANKS), rd)
+    with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.lr: 0\.001 -> 0\.5"):
+        write_config(compose_config("trainer.batch_size=32", "cluster.tasks_per_node=1", "trainer.lr=0.5"), rd)
+    assert rd.reshape_records() == []
