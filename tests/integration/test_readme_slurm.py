@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hpc_train.config import slurm_alias_overrides
+
 from ..readme_examples import cli_examples, is_slurm, shrunk, shrunk_study
 from .conftest import cli, wait_for_job
 
@@ -27,8 +29,9 @@ def test_slurm_example_runs(args: list[str], tmp_path: Path) -> None:
         assert rows and all(" COMPLETED " in row for row in rows), collect.stdout
         return
     run_dir = tmp_path / "run"
-    dry = "cluster.dry_run=true" in args
-    extra = [] if dry or "cluster.wait=true" in args else ["cluster.wait=true"]
+    given = slurm_alias_overrides(args)  # the README may spell a key either way
+    dry = "cluster.slurm.dry_run=true" in given
+    extra = [] if dry or "cluster.slurm.wait=true" in given else ["cluster.slurm.wait=true"]
     proc = cli("hpc_train", *args, *extra, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     if dry:
