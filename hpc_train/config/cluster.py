@@ -173,7 +173,7 @@ class SlurmConfig(Checked):
         for key in ("array_parallelism", "spare_nodes"):
             self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
         self._require(
-            cluster.nodes + self.spare_nodes <= INT32_MAX,
+            cluster.allocated_nodes <= INT32_MAX,
             "spare_nodes",
             f"cluster.nodes={cluster.nodes} plus {self.spare_nodes} spare nodes is more than Slurm can count (2**31-1)",
             "use fewer spare nodes, e.g. cluster.slurm.spare_nodes=1",
@@ -351,7 +351,7 @@ class ClusterConfig(Checked):
 # ---- the old flat names: cluster.<key> for cluster.slurm.<key> ----
 
 
-def merge_slurm_value(key: str, flat: Any, nested: Any, *, nested_given: bool = False, where: str = "") -> Any:
+def merge_slurm_value(key: str, flat: Any, nested: Any, *, nested_given: bool = False) -> Any:
     """The value of ``cluster.slurm.<key>`` when its old name ``cluster.<key>`` gives ``flat`` as well.
 
     The two agree when they are equal or the nested one is at its default; sbatch_args merge flag by flag.
@@ -364,24 +364,24 @@ def merge_slurm_value(key: str, flat: Any, nested: Any, *, nested_given: bool = 
             if flag not in merged or merged[flag] == value:
                 merged[flag] = value
             elif not nested_given:
-                raise _alias_conflict(f"sbatch_args.{flag}", value, merged[flag], where)
+                raise _alias_conflict(f"sbatch_args.{flag}", value, merged[flag])
         return merged
     if nested in (default, flat):
         return flat
     if nested_given:
         return nested
-    raise _alias_conflict(key, flat, nested, where)
+    raise _alias_conflict(key, flat, nested)
 
 
-def _alias_conflict(key: str, flat: Any, nested: Any, where: str) -> ConfigError:
+def _alias_conflict(key: str, flat: Any, nested: Any) -> ConfigError:
     return ConfigError(
-        f"cluster.{key}={flat!r} and cluster.slurm.{key}={nested!r} are both set{where}, and cluster.{key} is the "
+        f"cluster.{key}={flat!r} and cluster.slurm.{key}={nested!r} are both set, and cluster.{key} is the "
         f"old name of cluster.slurm.{key}. HINT: keep one: remove cluster.{key} from the profile, experiment file "
         f"or config.yaml that sets it, or set only cluster.slurm.{key}"
     )
 
 
-def fold_slurm_aliases(cluster: Mapping[str, Any], given: Collection[str] = (), where: str = "") -> dict[str, Any]:
+def fold_slurm_aliases(cluster: Mapping[str, Any], given: Collection[str] = ()) -> dict[str, Any]:
     """A plain ``cluster`` mapping with its old flat keys (``partition``, ``max_restarts``, ...) moved into its
     ``slurm`` mapping (``merge_slurm_value``). ``given``: the dotted keys the command line set. The mapping
     given is not changed."""
@@ -393,7 +393,7 @@ def fold_slurm_aliases(cluster: Mapping[str, Any], given: Collection[str] = (), 
             nested = f"cluster.slurm.{key}"
             on_command_line = any(g in ("cluster.slurm", nested) or g.startswith(f"{nested}.") for g in given)
             slurm[key] = merge_slurm_value(
-                key, value, slurm.get(key, getattr(SlurmConfig(), key)), nested_given=on_command_line, where=where
+                key, value, slurm.get(key, getattr(SlurmConfig(), key)), nested_given=on_command_line
             )
         out["slurm"] = slurm
     return out
