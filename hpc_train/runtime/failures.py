@@ -155,21 +155,31 @@ def _classify(statuses: Statuses, srun: SrunReport, exit_code: int) -> Failure:
         status = statuses.get(rank)
         if status is not None and status.state is RankState.FAILED:
             failure = _from_status(rank, status, statuses)
+            if failure.kind != "collective":
+                return failure
+            # srun saw a peer's error first ("connection closed by peer"): the cause is a rank that failed on its
+            # own, whichever srun reported last, or else one that died without a word.
+            causes = [f for f in _reported(statuses) if f.kind != "collective"]
+            if causes:
+                return causes[0]
             silent = _silent_hosts(statuses)
-            if failure.kind == "collective" and silent:
-                # srun saw the peer's error first; the cause is a rank that died without a word.
+            if silent:
                 error = f"ranks ended without reporting; the others then failed: {failure.error}"
                 return replace(failure, kind="killed", rank=None, host=silent[0], error=error, suspects=silent)
             return failure
         error = f"the process ended without reporting an error: {what}"
         step = status.step if status is not None else None
         return Failure(kind="killed", rank=rank, host=host, error=error, step=step, suspects=(host,))
-    reported = sorted(
-        ((rank, s) for rank, s in statuses.items() if s.state is RankState.FAILED), key=lambda rs: rs[1].time or 0
-    )
+    reported = _reported(statuses)
     if reported:
-        return _from_status(*reported[0], statuses)
+        return reported[0]
     silent = _silent_hosts(statuses)
     if silent:
         return Failure(kind="killed", host=silent[0], error="ranks ended without reporting", suspects=silent)
     return Failure(kind="unknown", error=f"srun exited with status {exit_code} and no rank reported why")
+
+
+def _reported(statuses: Statuses) -> list[Failure]:
+    """The failures the ranks reported themselves, earliest first."""
+    ranks = sorted((s.time or 0, rank) for rank, s in statuses.items() if s.state is RankState.FAILED)
+    return [_from_status(rank, statuses[rank], statuses) for _, rank in ranks]

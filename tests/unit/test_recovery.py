@@ -413,6 +413,19 @@ def test_a_collective_error_seen_first_still_blames_the_rank_that_died_silently(
     assert (failure.kind, failure.suspects) == ("killed", ("node2",))
 
 
+def test_a_collective_error_seen_first_defers_to_the_peer_that_raised() -> None:
+    """srun may report the rank that saw "connection closed" before the one that raised (seen on the testbed):
+    the exception is the cause, so that the same exception twice is still fatal."""
+    statuses = {
+        0: failed(0, "node1", "RuntimeError: [gloo] Connection closed by peer", t=3.0),
+        1: failed(1, "node2", "RuntimeError: injected fault on rank 1 at step 8", step=8, t=2.5),
+    }
+    report = SrunReport.parse(["srun: error: node1: task 0: Exited with exit code 1\n"])
+    failure = classify(statuses, report, 1)
+    assert (failure.kind, failure.rank, failure.host) == ("exception", 1, "node2")
+    assert classify(statuses, report, 1, previous=failure).kind == "repeated_exception"
+
+
 def test_a_requeue_is_not_an_in_allocation_restart() -> None:
     failed_attempt = {
         "attempt": 0,
