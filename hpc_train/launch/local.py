@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -293,10 +293,41 @@ def _stop(job: LocalJob[Any], folder: Path, timeout_s: float = 15.0) -> None:
         os.kill(int(job.job_id), signal.SIGKILL)  # a LocalJob's id is its controller's pid
 
 
+class _RankProcesses:
+    """The ranks' processes, the children of submitit's controller, as seen so far. They tell a rank that ended
+    before it could write a status (killed while it still imported torch): the status files alone cannot, and
+    its peers would wait for it in the rendezvous until its timeout."""
+
+    STARTED_S = 10.0
+    """By then the controller has started every rank: one never seen has ended already."""
+
+    def __init__(self, job: LocalJob[Any], run_dir: RunDir, world_size: int) -> None:
+        self.controller = int(job.job_id)  # a LocalJob's id is its controller's pid
+        self.run_dir = run_dir
+        self.world_size = world_size
+        self.since = time.monotonic()
+        self.seen: set[int] = set()
+
+    def ended_silently(self) -> int:
+        """How many ranks ended without a status that says how."""
+        live = {pid for pid in child_pids(self.controller) if pid_alive(pid)}
+        self.seen |= live
+        reported = {s.get("pid") for s in self.run_dir.read_statuses().values()}
+        silent = len(self.seen - live - reported)
+        if time.monotonic() - self.since > self.STARTED_S:
+            silent += max(0, self.world_size - len(self.seen))
+        return silent
+
+
+def _any_failed(run_dir: RunDir, paths: list[JobPaths], ranks: _RankProcesses) -> bool:
+    return bool(_failures(run_dir, paths)) or ranks.ended_silently() > 0
+
+
 def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
     """Stream rank 0's output until the job ends; 0 when every rank completed, else 1 (130 on Ctrl-C)."""
     paths = [JobPaths(run_dir.submitit, job.job_id, rank) for rank in range(cluster.world_size)]
     tails = [Tail(paths[0].stdout, sys.stdout), Tail(paths[0].stderr, sys.stderr)]
+    ranks = _RankProcesses(job, run_dir, cluster.world_size)
     deadline = time.monotonic() + cluster.timeout_min * 60 + 30  # the controller enforces the limit first
     failed_since: float | None = None
     reason = ""
@@ -305,7 +336,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
             for tail in tails:
                 tail.pump()
             now = time.monotonic()
-            if failed_since is None and _failures(run_dir, paths):
+            if failed_since is None and _any_failed(run_dir, paths, ranks):
                 failed_since = now
             if failed_since is not None and now - failed_since > cluster.failure_grace_s:
                 reason = f"stopped the remaining ranks {cluster.failure_grace_s:g}s after the first failure"
@@ -315,7 +346,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
                 _stop(job, run_dir.submitit)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
-        if not _checkpoint_and_stop(job, run_dir, tails, cluster.world_size):
+        if not _checkpoint_and_stop(job, run_dir, tails, cluster, lambda: _any_failed(run_dir, paths, ranks)):
             _stop(job, run_dir.submitit)
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
@@ -347,10 +378,17 @@ def _ask_ranks_to_stop(controller: int, run_dir: RunDir, asked: dict[int, float]
 
 
 def _checkpoint_and_stop(
-    job: LocalJob[Any], run_dir: RunDir, tails: list[Tail], world_size: int, timeout_s: float = 120.0
+    job: LocalJob[Any],
+    run_dir: RunDir,
+    tails: list[Tail],
+    cluster: ClusterConfig,
+    any_failed: Callable[[], bool],
+    timeout_s: float = 120.0,
 ) -> bool:
     """Ctrl-C or SIGTERM: ask every rank to checkpoint (SIGTERM, which they turn into a stop at the next step
-    boundary) and wait for them; True if they all ended that way. A second Ctrl-C gives up at once."""
+    boundary) and wait for them; True if they all ended that way. A second Ctrl-C gives up at once, and so does
+    a rank that failed or ended without a word (the others cannot save a step without it): they get
+    ``cluster.failure_grace_s`` to end by themselves."""
     print(
         "\nhpc_train: interrupted; the ranks checkpoint at the end of this step (Ctrl-C again to kill)", file=sys.stderr
     )
@@ -358,6 +396,8 @@ def _checkpoint_and_stop(
     asked: dict[int, float] = {}
     try:
         while not job.done() and time.monotonic() < deadline:
+            if any_failed():
+                deadline = min(deadline, time.monotonic() + cluster.failure_grace_s)
             _ask_ranks_to_stop(int(job.job_id), run_dir, asked)
             for tail in tails:
                 tail.pump()
@@ -366,7 +406,7 @@ def _checkpoint_and_stop(
         return False
     statuses = run_dir.read_statuses()
     # Every rank stopped on the signal; a rank still starting when it came (no status) was simply ended.
-    return job.done() and all_ranks(statuses, world_size, RankState.STOPPED)
+    return job.done() and all_ranks(statuses, cluster.world_size, RankState.STOPPED)
 
 
 def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:

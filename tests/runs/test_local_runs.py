@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +105,38 @@ def test_failing_rank_ends_the_job_and_is_named(run_cli, fault: str, expected: s
     assert expected in proc.stderr
     assert not (run_dir / "model_final.pt").exists()
     assert elapsed < 60, f"took {elapsed:.0f}s to end a job with a dead rank"
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The pid of a local job's rank, found by the variables submitit gives it (it may not have a status yet)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SUBMITIT_LOCAL_GLOBALID={rank}".encode() in environ and any(str(run_dir).encode() in v for v in environ):
+            return int(entry.name)
+    return None
+
+
+def test_a_rank_killed_before_its_first_status_ends_the_job(tmp_path: Path) -> None:
+    """A rank that dies while it still imports torch writes no status. Its peer waits for it in the rendezvous,
+    so the launcher must see the process gone (it waited out the rendezvous timeout, minutes, before)."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *SMALL, "cluster.failure_grace_s=2"]
+    start = time.monotonic()
+    launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    while pid is None and time.monotonic() - start < 60:
+        pid = _rank_pid(run_dir, 0)
+        time.sleep(0.02)
+    assert pid is not None and not (run_dir / "status" / "rank_0.json").exists()
+    os.kill(pid, signal.SIGKILL)
+    _, err = launcher.communicate(timeout=150)
+    took = time.monotonic() - start
+    assert launcher.returncode == 1 and "job FAILED" in err, err[-3000:]
+    assert "ranks that never started: [0]" in err, err[-3000:]
+    assert took < 60, f"took {took:.0f}s to end a job whose rank 0 died before its first status"
 
 
 def test_debug_launcher_runs_in_process(run_cli) -> None:  # type: ignore[no-untyped-def]
