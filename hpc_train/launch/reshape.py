@@ -24,16 +24,27 @@ def reshaped(cfg: Config, run_dir: RunDir) -> tuple[Config, Reshape | None]:
     """``cfg`` as it runs in ``run_dir``: when the run dir holds a run of the built-in trainer on another number
     of nodes or tasks per node, with the per-rank batch and accumulation that keep that run's global batch, and
     the change of shape to record once the config is written (``record_reshape``; None: the same shape).
-    ConfigError when the global batch cannot be kept (it does not split over the new rank count)."""
-    if cfg.script.enabled or not run_dir.config.exists():
+    ConfigError when the global batch cannot be kept (it does not split over the new rank count), and for a
+    user's script, whose batch and data order hpc_train does not know."""
+    if not run_dir.config.exists():
         return cfg, None
     try:
-        old = Shape.of(load_config(run_dir.config))
+        saved = load_config(run_dir.config)
     except ConfigError:
         return cfg, None  # the resubmission check names what is wrong with the saved config
-    new = Shape.of(cfg)
+    old, new = Shape.of(saved), Shape.of(cfg)
     if (old.nodes, old.tasks_per_node) == (new.nodes, new.tasks_per_node):
         return cfg, None
+    if cfg.script.enabled or saved.script.enabled:
+        raise ConfigError(
+            f"{run_dir.path} was run by your own script on {old.nodes} x {old.tasks_per_node} "
+            f"(cluster.nodes={old.nodes}, cluster.tasks_per_node={old.tasks_per_node}); this config asks for "
+            f"{new.nodes} x {new.tasks_per_node}. hpc_train resumes its built-in trainer on another shape with the "
+            "same global batch and data order, but a script's batch size, data order and checkpoints are its own, "
+            "so it would go on with another global batch and without saying so. HINT: resume with "
+            f"cluster.nodes={old.nodes} cluster.tasks_per_node={old.tasks_per_node}, or start a new run (leave "
+            "hydra.run.dir unset) and have your script load its checkpoint from the old run dir"
+        )
     if (new.batch_size, new.accumulate) != (old.batch_size, old.accumulate):
         if new.global_batch == old.global_batch:  # you chose the split yourself
             return _noted(cfg, old)

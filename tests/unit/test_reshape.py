@@ -86,3 +86,17 @@ def test_a_refused_resubmission_on_another_shape_records_no_change_of_shape(tmp_
     with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.lr: 0\.001 -> 0\.5"):
         write_config(compose_config("trainer.batch_size=32", "cluster.tasks_per_node=1", "trainer.lr=0.5"), rd)
     assert rd.reshape_records() == []
+
+
+def test_a_script_run_is_not_resumed_on_another_shape(tmp_path: Path) -> None:
+    """A script's batch size and data order are its own: another shape would silently change its global batch,
+    even when trainer.batch_size (which a script does not read) is changed to keep the product."""
+    rd = RunDir(tmp_path)
+    script = ["script.command=python", "script.args=[train.py]"]
+    write_config(compose_config(*script, *TWO_RANKS), rd)
+    for shape in (["cluster.tasks_per_node=1"], ["cluster.tasks_per_node=1", "trainer.batch_size=64"]):
+        with pytest.raises(ConfigError, match=r"run by your own script on 1 x 2 .* asks for 1 x 1") as refused:
+            write_config(compose_config(*script, "trainer.batch_size=32", *shape), rd)
+        assert "HINT: resume with cluster.nodes=1 cluster.tasks_per_node=2" in str(refused.value)
+    assert rd.reshape_records() == []
+    write_config(compose_config(*script, *TWO_RANKS, "trainer.max_steps=7"), rd)  # the same shape goes on
