@@ -234,6 +234,11 @@ class ClusterConfig(Checked):
     """local: processes here via submitit's LocalExecutor; debug: this process (pdb works); slurm: a Slurm job."""
     nodes: int = 1
     """Number of nodes."""
+    min_nodes: int | None = None
+    """The fewest nodes a Slurm job may go on training with after it lost one (None: ``nodes``, no shrinking).
+    When a node is lost or blamed and no spare is left, the next attempt runs in the same allocation on the
+    healthy nodes, down to this many, from the newest checkpoint and with the same global batch. Below
+    ``nodes``, the job is submitted with --no-kill. The built-in trainer only."""
     tasks_per_node: int = 0
     """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs (``ranks_per_node``; a
     loaded config holds the number picked, see ``hpc_train.config.resolve``)."""
@@ -263,6 +268,8 @@ class ClusterConfig(Checked):
         # Before tasks_per_node=0 is read from it: a bad value is reported under the key the user typed.
         self._bounded("gpus_per_node", 0, 128, "0 for CPU", why="torch's device index is 8 bits")
         self._bounded("nodes", 1, INT32_MAX, 1, why="2**31-1: torch numbers ranks with a C int")
+        if self.min_nodes is not None:
+            self._bounded("min_nodes", 1, self.nodes, self.nodes, why=f"at most cluster.nodes={self.nodes}")
         if self.tasks_per_node != 0:  # 0: one task per GPU (ranks_per_node)
             self._bounded("tasks_per_node", 1, SLURM_U16_MAX, 1, why="Slurm keeps it in 16 bits")
         self._bounded("cpus_per_task", 1, SLURM_U16_MAX, 1, why="Slurm keeps it in 16 bits")
@@ -341,6 +348,11 @@ class ClusterConfig(Checked):
     def container_argv(self) -> list[str]:
         """cluster.slurm.container as the words that go before the Python of the batch step and of every rank."""
         return shell_words(self.slurm.container)
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The fewest nodes training may go on with after losing one: ``min_nodes``, or ``nodes``."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
 
     @property
     def allocated_nodes(self) -> int:

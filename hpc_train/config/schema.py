@@ -116,6 +116,7 @@ RESUME_SAFE_KEYS = (
     "cluster.slurm.max_restarts",
     "cluster.slurm.max_stalled_restarts",
     "cluster.slurm.spare_nodes",
+    "cluster.min_nodes",
     "cluster.slurm.max_failures",
     "cluster.slurm.max_stalled_failures",
 )
@@ -176,6 +177,36 @@ class Config:
             )
         if self.data.dataset is None:
             self._check_synthetic_sizes(world)
+        if self.cluster.fewest_nodes < self.cluster.nodes:
+            self._check_shrink()
+
+    def _check_shrink(self) -> None:
+        """cluster.min_nodes below cluster.nodes: the built-in trainer can keep its global batch on that many."""
+        from hpc_train.config.shape import Shape, split_global_batch
+
+        cluster = self.cluster
+        if self.script.enabled:
+            raise ConfigError(
+                f"cluster.min_nodes={cluster.min_nodes} lets a job go on with fewer nodes than "
+                f"cluster.nodes={cluster.nodes}, but a script's batch size and data order are its own: it would go "
+                f"on with another global batch, silently. HINT: remove cluster.min_nodes (or set it to "
+                f"{cluster.nodes}); cluster.slurm.spare_nodes=1 replaces a lost node instead"
+            )
+        shape = Shape.of(self)
+        ranks = cluster.fewest_nodes * cluster.ranks_per_node
+        if split_global_batch(shape.global_batch, ranks, shape.batch_size, shape.accumulate) is None:
+            fits = [
+                n
+                for n in range(cluster.fewest_nodes, cluster.nodes)
+                if shape.global_batch % (n * cluster.ranks_per_node) == 0
+            ]
+            hint = f"set cluster.min_nodes={fits[0]}" if fits else "remove cluster.min_nodes"
+            raise ConfigError(
+                f"cluster.min_nodes={cluster.min_nodes}: the global batch of {shape.describe()} does not split over "
+                f"{ranks} ranks ({cluster.fewest_nodes} x {cluster.ranks_per_node}), so training could not go on "
+                f"with the same global batch on {cluster.fewest_nodes} nodes. HINT: {hint}, or make the global "
+                f"batch a multiple of {ranks}"
+            )
 
     def _check_synthetic_sizes(self, world: int) -> None:
         per_rank = self.data.num_train // world

@@ -4,12 +4,17 @@ may change on resume as long as the global batch stays the same (``hpc_train.lau
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpc_train.config.schema import Config
+from hpc_train.core.errors import ConfigError
 
-__all__ = ["SHAPE_KEYS", "Shape", "same_global_batch", "split_global_batch"]
+__all__ = ["NODES_VARIABLE", "SHAPE_KEYS", "Shape", "fits_on", "on_nodes", "same_global_batch", "split_global_batch"]
+
+NODES_VARIABLE = "HPC_TRAIN_NODES"
+"""Set by the Slurm supervisor on an attempt it runs on fewer nodes than ``cluster.nodes`` (after losing one,
+down to ``cluster.min_nodes``): the ranks read the config ``on_nodes`` that many."""
 
 SHAPE_KEYS = ("cluster.nodes", "cluster.tasks_per_node", "trainer.batch_size", "trainer.accumulate_grad_batches")
 """Keys a resubmission may change together, as long as the global batch stays what the run was trained with."""
@@ -90,3 +95,31 @@ def same_global_batch(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         return total
 
     return product(old) is not None and product(old) == product(new)
+
+
+def _split_on(cfg: Config, nodes: int) -> tuple[int, int] | None:
+    shape = Shape.of(cfg)
+    return split_global_batch(shape.global_batch, nodes * shape.tasks_per_node, shape.batch_size, shape.accumulate)
+
+
+def fits_on(cfg: Config, nodes: int) -> bool:
+    """The run's global batch splits over ``nodes`` nodes of its tasks per node."""
+    return nodes == cfg.cluster.nodes or _split_on(cfg, nodes) is not None
+
+
+def on_nodes(cfg: Config, nodes: int) -> Config:
+    """``cfg`` trained on ``nodes`` nodes instead of ``cluster.nodes``, with the same global batch: the per-rank
+    batch and accumulation that ``split_global_batch`` picks. ConfigError where it does not split (the check of
+    cluster.min_nodes and the supervisor's choice of nodes keep that from happening)."""
+    if nodes == cfg.cluster.nodes:
+        return cfg
+    split = _split_on(cfg, nodes)
+    if split is None:
+        raise ConfigError(
+            f"{NODES_VARIABLE}={nodes}: the global batch of {Shape.of(cfg).describe()} does not split over {nodes} "
+            f"nodes. HINT: set cluster.min_nodes to a node count that divides it"
+        )
+    batch_size, accumulate = split
+    cluster = replace(cfg.cluster, nodes=nodes, min_nodes=min(nodes, cfg.cluster.fewest_nodes))
+    trainer = replace(cfg.trainer, batch_size=batch_size, accumulate_grad_batches=accumulate)
+    return replace(cfg, cluster=cluster, trainer=trainer)

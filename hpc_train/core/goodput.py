@@ -138,6 +138,7 @@ def ledger(
                 "outcome": attempt.outcome.value,
                 "class": failure.kind if failure is not None else None,
                 "nodes": list(attempt.nodes),
+                "ranks": attempt.ranks,
                 "resumed_step": _resumed(attempt.progress),
                 "last_step": _float(attempt.progress.step) if attempt.progress is not None else None,
                 "kept_step": kept,
@@ -154,6 +155,9 @@ def ledger(
                     "class": failure.kind,
                     "in_allocation": after.allocation == attempt.allocation,
                     "latency_s": round(after_steps.first_time - (steps.time if steps is not None else start), 3),
+                    # Fewer after than before: the job went on with the nodes that were left (cluster.min_nodes).
+                    "ranks_before": attempt.ranks,
+                    "ranks_after": after.ranks,
                 }
             )
     productive = sum(r["productive_s"] for r in rows)

@@ -322,6 +322,9 @@ class AttemptRecord(_Record):
     requeue: int = 0
     """Slurm's restart count of that job: a requeue keeps the job id, so the two name the allocation."""
     nodes: tuple[str, ...] = ()
+    ranks: int | None = None
+    """How many ranks it ran (None in records written before it was kept): fewer than the config's when the job
+    went on with fewer nodes (``cluster.min_nodes``)."""
     start: float | None = None
     end: float | None = None
     """None while it runs."""
@@ -346,6 +349,7 @@ class AttemptRecord(_Record):
         "job_id": _Key("is not a job id", _string),
         "requeue": _Key("is not a restart count", _integer),
         "nodes": _HOSTS,
+        "ranks": _Key("is not a rank count", _integer),
         "start": _TIME,
         "end": _TIME,
         "script": _Key("is not true or false", lambda v: isinstance(v, bool)),
@@ -414,17 +418,21 @@ class RequeueEntry(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Reshape(_Record):
-    """A resubmission of the run dir on another shape (``status/reshapes.json``): from what, onto what."""
+    """A change of the run's shape (``status/reshapes.json``): from what, onto what. A resubmission of the run dir
+    on another shape, or an attempt the supervisor ran on fewer nodes after losing one (``why`` says which)."""
 
     was: str
     """The shape the run was trained on, as ``config.shape.Shape.describe`` says it."""
     onto: str
     time: float | None = None
+    why: str = ""
+    """Why the shape changed, when hpc_train changed it (a node lost); empty for a resubmission."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "was": _Key("is not a string", _string, required=True),
         "onto": _Key("is not a string", _string, required=True),
         "time": _TIME,
+        "why": _Key("is not a string", _string),
     }
 
 

@@ -49,9 +49,10 @@ def sbatch_flags(cluster: ClusterConfig) -> dict[str, str | None]:
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
-    if cluster.slurm.spare_nodes:
-        # A lost node must not end the allocation: the supervisor goes on with a spare. Without spares Slurm's
-        # default stays (the job ends on a node failure, and is requeued onto healthy nodes).
+    if cluster.slurm.spare_nodes or cluster.fewest_nodes < cluster.nodes:
+        # A lost node must not end the allocation: the supervisor goes on with a spare, or on fewer nodes
+        # (cluster.min_nodes). Otherwise Slurm's default stays (the job ends on a node failure, and is requeued
+        # onto healthy nodes).
         flags["no-kill"] = None
     if cluster.gpus_per_node and cluster.slurm.gpu_binding == "task":
         flags["gpus-per-task"] = "1"

@@ -170,6 +170,8 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     job_id = str(record.get("job_id", ""))
     statuses, damaged = checked_statuses(run_dir)
     attempts, damaged_attempts = checked_attempts(run_dir)
+    if attempts and attempts[-1].ranks and attempts[-1].job_id == job_id:
+        world_size = attempts[-1].ranks  # the job went on with fewer nodes (cluster.min_nodes)
     squeue = squeue_state(job_id) if job_id else None
     # Accounting is asked only when squeue has no live answer: followers poll this every second.
     sacct = sacct_state(job_id) if job_id and squeue not in ACTIVE_STATES else None
@@ -230,7 +232,10 @@ def reshapes_note(history: list[Reshape]) -> list[str]:
     if not history:
         return []
     times = f" (the last of {len(history)} changes of shape)" if len(history) > 1 else ""
-    return [f"resumed on {history[-1].onto}, trained before on {history[-1].was}{times}"]
+    last = history[-1]
+    if last.why:  # the supervisor went on with fewer nodes
+        return [f"went on with {last.onto}, trained before on {last.was}: {last.why}{times}"]
+    return [f"resumed on {last.onto}, trained before on {last.was}{times}"]
 
 
 def resume_command(run_dir: RunDir) -> str:

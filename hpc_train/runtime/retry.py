@@ -18,7 +18,7 @@ reports no steps makes progress that is not known: it counts as progress, and on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hpc_train.config import ClusterConfig
@@ -90,19 +90,25 @@ class RetryBudget:
         return None
 
 
-def pick_nodes(allocation: list[str], bad: list[str], cluster: ClusterConfig) -> list[str] | str:
+def pick_nodes(
+    allocation: list[str], bad: list[str], cluster: ClusterConfig, fits: Callable[[int], bool] = lambda n: True
+) -> list[str] | str:
     """The nodes of the next attempt, or why there are not enough.
 
-    With spares, blamed nodes are left out; without, every node of the allocation is used again.
+    Without spares or ``cluster.min_nodes`` every node of the allocation is used again. Otherwise blamed nodes
+    are left out: ``cluster.nodes`` healthy ones when there are, else as many as are healthy, down to
+    ``cluster.fewest_nodes``, and only a number of nodes that ``fits`` (the global batch splits over them).
     """
-    if not cluster.slurm.spare_nodes:
+    if not cluster.slurm.spare_nodes and cluster.fewest_nodes == cluster.nodes:
         return allocation[: cluster.nodes]
     healthy = [n for n in allocation if n not in bad]
-    if len(healthy) < cluster.nodes:
+    usable = [n for n in range(min(len(healthy), cluster.nodes), cluster.fewest_nodes - 1, -1) if fits(n)]
+    if not usable:
+        fewest = f" (cluster.min_nodes={cluster.min_nodes})" if cluster.fewest_nodes < cluster.nodes else ""
         return (
-            f"no healthy node left: training needs {cluster.nodes} nodes; of the allocation "
+            f"no healthy node left: training needs {cluster.fewest_nodes} nodes{fewest}; of the allocation "
             f"{','.join(allocation)}, {','.join(n for n in allocation if n in bad)} failed before. HINT: ask for "
-            "more spares (cluster.slurm.spare_nodes), or resubmit: the run dir resumes from its last checkpoint and "
-            f"cluster.slurm.exclude can keep those nodes out"
+            "more spares (cluster.slurm.spare_nodes) or allow fewer nodes (cluster.min_nodes), or resubmit: the "
+            "run dir resumes from its last checkpoint and cluster.slurm.exclude can keep those nodes out"
         )
-    return healthy[: cluster.nodes]
+    return healthy[: usable[0]]

@@ -7,8 +7,9 @@ When the step fails in a way worth retrying (``hpc_train.runtime.failures``), it
 allocation: no new job, no queue wait. The ranks resume from the newest complete checkpoint.
 
 - Nodes blamed for the failure go on the run's bad-node list (``status/bad_nodes.json``); with
-  ``cluster.slurm.spare_nodes`` the next attempt runs without them, and when fewer than ``cluster.nodes`` healthy
-  nodes are left the job ends (EXIT_GAVE_UP). Without spares the next attempt reuses the node.
+  ``cluster.slurm.spare_nodes`` or ``cluster.min_nodes`` the next attempt runs without them: on spares, else on
+  fewer nodes (down to ``cluster.min_nodes``, with the same global batch), and when even that many healthy nodes
+  are not left the job ends (EXIT_GAVE_UP). Without either the next attempt reuses the node.
 - At most ``cluster.slurm.max_failures`` restarts per job, and at most ``cluster.slurm.max_stalled_failures`` failed
   attempts in a row without a new checkpoint; then the job ends (EXIT_GAVE_UP).
 - A fatal failure (the same exception from the same step twice in a row, an import error, a config error)
@@ -32,10 +33,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.config import load_config
+from hpc_train.config.shape import NODES_VARIABLE, Shape, fits_on, on_nodes
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, RankStatus
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.ledger import AttemptLedger
@@ -90,7 +92,8 @@ class Supervisor:
         while True:
             number = self.ledger.next_number()
             last = self.ledger.last
-            nodes = pick_nodes(self.allocation, [node.host for node in self.rd.bad_node_records()], self.cluster)
+            bad = [node.host for node in self.rd.bad_node_records()]
+            nodes = pick_nodes(self.allocation, bad, self.cluster, lambda n: fits_on(self.cfg, n))
             if isinstance(nodes, str):
                 return self._give_up(last if self.ledger.mine(last) else None, nodes)
             if self.signals.received:
@@ -110,7 +113,7 @@ class Supervisor:
             why_not = self._refusal()
             if why_not is not None:
                 return self._give_up(entry, why_not)
-            if self.cluster.slurm.spare_nodes:
+            if self.cluster.slurm.spare_nodes or self.cluster.fewest_nodes < self.cluster.nodes:
                 for host in failure.suspects:
                     if host in self.allocation:
                         self.rd.add_bad_node(host, failure.describe(), number)
@@ -123,6 +126,7 @@ class Supervisor:
             job_id=self.job.allocation[0],
             requeue=self.job.requeues,
             nodes=tuple(nodes),
+            ranks=len(nodes) * self.cluster.ranks_per_node,
             start=time.time(),
             outcome=AttemptOutcome.RUNNING,
             script=self.cfg.script.enabled,
@@ -130,7 +134,7 @@ class Supervisor:
         self.ledger.save(entry)
         argv = step_argv(self.rd, self.cluster, nodes, self.python)
         say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
-        environ = {**self.environ, **self.job.for_attempt(number).environ()}
+        environ = {**self.environ, **self.job.for_attempt(number).environ(), **self._shrink(number, nodes)}
         step = SrunStep(argv, environ, forward_stop=self._forwarded())
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
@@ -145,7 +149,7 @@ class Supervisor:
                 step.end()
         entry = replace(entry, end=time.time(), exit_code=code, progress=self.rd.progress_record(0))
         statuses = self._statuses(number)
-        if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(self.cluster.world_size)):
+        if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(entry.ranks or 0)):
             entry = replace(entry, outcome=AttemptOutcome.COMPLETED)
         elif self._stopped(statuses):
             entry = replace(entry, outcome=AttemptOutcome.STOPPED)
@@ -160,6 +164,21 @@ class Supervisor:
             _log_failure(failure)
         self.ledger.save(entry)
         return entry
+
+    def _shrink(self, number: int, nodes: list[str]) -> dict[str, str]:
+        """An attempt on fewer nodes than cluster.nodes (down to cluster.min_nodes, after losing some): say and
+        record it, and tell its ranks (they keep the global batch); {} for an attempt on cluster.nodes."""
+        if len(nodes) == self.cluster.nodes:
+            return {}
+        was, onto = (Shape.of(c).describe() for c in (self.cfg, on_nodes(self.cfg, len(nodes))))
+        lost = sorted({n.host for n in self.rd.bad_node_records()} & set(self.allocation))
+        why = (
+            f"attempt {number} in job {self.job.allocation[0]} without {','.join(lost) or 'a lost node'}, no spare "
+            f"left (cluster.min_nodes={self.cluster.min_nodes})"
+        )
+        say(f"going on with {len(nodes)} of {self.cluster.nodes} nodes: {onto}; {why}")
+        self.rd.append_reshape(Reshape(was=was, onto=onto, time=time.time(), why=why))
+        return {NODES_VARIABLE: str(len(nodes))}
 
     def _forwarded(self) -> int:
         """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,9 +59,12 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
+    from hpc_train.config.shape import NODES_VARIABLE, on_nodes
     from hpc_train.runtime.requeue import after_stop
 
     cfg = load_config(rd.config)
+    if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
+        cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
         from hpc_train.runtime.script import run_user_script
 

@@ -55,13 +55,13 @@ def slurm_job(job_id: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
-def kill_on(run_dir: Path, host: str, step: int, timeout: float = 180) -> tuple[float, int]:
-    """SIGKILL the training process of a rank on ``host`` once every rank passed ``step``; (time, rank)."""
+def kill_on(run_dir: Path, host: str, step: int, timeout: float = 180, ranks: int = 4) -> tuple[float, int]:
+    """SIGKILL the training process of a rank on ``host`` once all ``ranks`` passed ``step``; (time, rank)."""
     rd = RunDir(run_dir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         statuses = rd.read_statuses()
-        if len(statuses) == 4 and min(int(s.get("step", 0)) for s in statuses.values()) >= step:
+        if len(statuses) == ranks and min(int(s.get("step", 0)) for s in statuses.values()) >= step:
             rank, status = next((r, s) for r, s in sorted(statuses.items()) if s["host"] == host)
             os.kill(int(status["pid"]), signal.SIGKILL)  # the testbed's nodes share this machine's pid namespace
             return time.time(), rank
@@ -120,6 +120,43 @@ def test_killed_rank_restarts_on_the_spare_node_exactly(tmp_path: Path) -> None:
 
     assert wait_for_job(base_id, timeout=300) == "COMPLETED"
     assert_bitwise_equal(baseline, run_dir)
+
+
+def test_without_a_spare_the_job_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> None:
+    """3 nodes, cluster.min_nodes=2, no spare: a rank on node3 SIGKILLed at step 40, and the same job (Slurm's
+    Restarts still 0) completes on node1 and node2 from the newest checkpoint, with the same global batch."""
+    run_dir = tmp_path / "run"
+    three = [a for a in JOB if not a.startswith("cluster.")] + [
+        "cluster=slurm",
+        "cluster.nodes=3",
+        "cluster.tasks_per_node=1",
+    ]
+    job_id = submit_job(run_dir, *three, "trainer.batch_size=32", "cluster.partition=all", "cluster.min_nodes=2")
+    assert "#SBATCH --no-kill" in (run_dir / "job.sbatch").read_text()
+    killed_at, _ = kill_on(run_dir, "node3", 40, ranks=3)
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    assert slurm_job(job_id)["Restarts"] == "0"
+    rd = RunDir(run_dir)
+    attempts = rd.read_attempts()
+    assert [a["outcome"] for a in attempts] == ["failed", "completed"], attempts
+    assert [(a["nodes"], a["ranks"]) for a in attempts] == [(["node1", "node2", "node3"], 3), (["node1", "node2"], 2)]
+    assert (attempts[0]["failure"]["kind"], attempts[0]["failure"]["host"]) == ("killed", "node3")
+    [shrink] = [r.to_json() for r in rd.reshape_records()]
+    assert shrink["was"].startswith("3 nodes x 1 task (global batch 96 = 32 a rank x 3 ranks")
+    assert shrink["onto"] == "2 nodes x 1 task (global batch 96 = 24 a rank x 2 ranks x 2 accumulated)"
+    assert "without node3, no spare left (cluster.min_nodes=2)" in shrink["why"]
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert "onto 2 nodes x 1 task (global batch 96" in log, log[-2000:]
+    final = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], weights_only=False)
+    assert final["step"] == 120 and final["shape"]["world_size"] == 2 and final["shape"]["global_batch"] == 96
+    shown = status_of(run_dir)
+    assert shown["state"] == "COMPLETED", shown
+    text = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
+    assert "went on with 2 nodes x 1 task" in text, text
+    [restart] = read_json(rd.goodput)["restarts"]
+    assert (restart["in_allocation"], restart["ranks_before"], restart["ranks_after"]) == (True, 3, 2), restart
+    first_step = attempts[1]["progress"]["first_time"]
+    print(f"shrink recovery (kill -> first step on 2 nodes): {first_step - killed_at:.1f}s; ledger {restart}")
 
 
 def test_lost_node_is_replaced_by_the_spare(tmp_path: Path) -> None:

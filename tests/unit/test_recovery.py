@@ -161,6 +161,41 @@ def test_nodes_skip_the_bad_ones_only_with_spares() -> None:
     assert isinstance(why, str) and "no healthy node left" in why and "node2,node3" in why
 
 
+def test_without_a_spare_the_job_goes_on_with_fewer_nodes_down_to_min_nodes() -> None:
+    """cluster.min_nodes: the healthy nodes, as many as the global batch splits over, never fewer than it."""
+    allocation = ["node1", "node2", "node3", "node4"]
+    four = slurm(nodes=4, min_nodes=2)
+    assert pick_nodes(allocation, [], four) == allocation
+    assert pick_nodes(allocation, ["node2"], four) == ["node1", "node3", "node4"]
+    # A global batch that does not split over 3 nodes: on 2 of the 3 healthy ones.
+    assert pick_nodes(allocation, ["node2"], four, fits=lambda n: n != 3) == ["node1", "node3"]
+    why = pick_nodes(allocation, ["node1", "node2", "node3"], four)
+    assert isinstance(why, str) and "needs 2 nodes (cluster.min_nodes=2)" in why and "node1,node2,node3" in why
+    # Spares first: a lost node is replaced, and only then does the job shrink.
+    spare = slurm(nodes=2, min_nodes=1, spare_nodes=1)
+    assert pick_nodes(allocation[:3], ["node1"], spare) == ["node2", "node3"]
+    assert pick_nodes(allocation[:3], ["node1", "node3"], spare) == ["node2"]
+    assert "no-kill" in sbatch_flags(four) and "no-kill" not in sbatch_flags(slurm(nodes=4))
+
+
+def test_min_nodes_is_checked_before_anything_is_submitted() -> None:
+    from hpc_train.api import compose_config
+    from hpc_train.config.shape import Shape, on_nodes
+
+    three = ["cluster=slurm", "cluster.nodes=3", "trainer.batch_size=32", "cluster.slurm.dry_run=true"]
+    cfg = compose_config(*three, "cluster.min_nodes=2")
+    assert (
+        Shape.of(on_nodes(cfg, 2)).describe()
+        == "2 nodes x 1 task (global batch 96 = 24 a rank x 2 ranks x 2 accumulated)"
+    )
+    with pytest.raises(ConfigError, match=r"cluster.min_nodes=4 is invalid: must be a whole number from 1 to 3"):
+        compose_config(*three, "cluster.min_nodes=4")
+    with pytest.raises(ConfigError, match=r"does not split over 2 ranks .* HINT: remove cluster.min_nodes"):
+        compose_config(*three, "cluster.min_nodes=2", "trainer.batch_size=33")
+    with pytest.raises(ConfigError, match=r"a script's batch size and data order are its own"):
+        compose_config(*three, "cluster.min_nodes=2", "script.command=python")
+
+
 def test_the_step_command_is_an_argv_with_the_users_srun_args_last() -> None:
     cluster = slurm(nodes=2, tasks_per_node=2, cpus_per_task=3, srun_args=["--comment=$(touch x); rm -rf ~"])
     argv = step_argv(RunDir(Path("/r un")), cluster, ["node1", "node3"], "/py")
@@ -226,7 +261,8 @@ def test_ledger_of_a_restart_in_the_allocation() -> None:
     assert (second["kept_step"], second["startup_s"], second["productive_s"]) == (70, 7.0, 40.0)
     assert book["productive_s"] == 70.0 and book["wall_s"] == 100.0 and book["ettr"] == 0.7
     assert book["lost_s"] == 30.0 and book["restart_gaps_s"] == pytest.approx(30.0 - 9 - 7 - 7 - 1)
-    assert book["restarts"] == [{"after_attempt": 0, "class": "killed", "in_allocation": True, "latency_s": 11.0}]
+    restart = {"after_attempt": 0, "class": "killed", "in_allocation": True, "latency_s": 11.0}
+    assert book["restarts"] == [restart | {"ranks_before": None, "ranks_after": None}]  # records without ranks
     # While the allocation still runs, "now" closes it.
     assert ledger(as_allocations({"job_id": "7", "start": 0.0, "end": None}), [], now=50.0)["wall_s"] == 50.0
     assert ledger([], [])["ettr"] == 0.0
