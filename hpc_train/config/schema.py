@@ -81,6 +81,7 @@ RESUME_SAFE_KEYS = (
     "trainer.checkpoint_every_n_steps",
     "trainer.checkpoint_every_min",
     "trainer.keep_checkpoints",
+    "trainer.checkpoint_async",
     "trainer.divergence_steps",
     "trainer.dist_timeout_s",
     "trainer.preflight_timeout_s",

@@ -207,6 +207,10 @@ class TrainerConfig(Checked):
     interval grows to 100 saves' time, and rank 0's log says so."""
     keep_checkpoints: int = 2
     """How many checkpoints to keep (the newest verified one is never deleted)."""
+    checkpoint_async: bool = False
+    """Write checkpoints in the background: training is blocked only while rank 0 copies the state to CPU
+    memory, and a thread writes the copy (atomically, verified, as a synchronous save). At most one write is in
+    flight; a stop, the end of training and a requeue wait until it is durable (``hpc_train.train.writer``)."""
     divergence_steps: int = 1
     """Training has diverged after this many optimizer steps in a row with a non-finite loss or gradient norm on
     any rank: the run ends as ``diverged`` (fatal: no retry, no requeue) and keeps its last finite checkpoint

@@ -51,6 +51,7 @@ from hpc_train.train.stopping import StopSignals
 from hpc_train.train.strategy import wrap_model
 from hpc_train.train.usercode import build_loss, build_metric
 from hpc_train.train.window import MetricsWindow
+from hpc_train.train.writer import CheckpointWriter
 
 __all__ = ["FitResult", "Trainer"]
 
@@ -85,6 +86,10 @@ class Trainer:
         self.observer = observer or StepObserver()
         self.checkpoints = Checkpoints(run_dir, self.observer.checkpoint_writer(torch.save))
         tc = cfg.trainer
+        self.writer = CheckpointWriter(
+            self.checkpoints, tc.checkpoint_async, pinned=device.type == "cuda", on_saved=self.observer.on_saved
+        )
+        """Rank 0's checkpoint writes: in the background with trainer.checkpoint_async."""
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.
         torch.manual_seed(tc.seed)
         train_set, val_set = make_datasets(cfg.data)
@@ -176,6 +181,7 @@ class Trainer:
             )
         except BaseException as exc:
             tag_step(exc, self.step)  # "the same step" tells a repeated failure
+            self.writer.finish_after(exc)
             raise
 
     def _fit(self) -> tuple[bool, int]:
@@ -216,6 +222,7 @@ class Trainer:
                 if stopped_by:
                     if self._saved_step != self.step:  # a step-count checkpoint of this very step is the same
                         self._save_checkpoint(f"signal {stopped_by}")
+                    self._durable()
                     self._note_stop_saved()
                     return False, stopped_by
             self.epoch += 1
@@ -247,6 +254,7 @@ class Trainer:
         for _ in range(3):  # the flags of the last two steps, and the reduction still in flight (two steps behind)
             self._agree(final=True)
         self._save_end_checkpoint()
+        self._durable()
         self._save_final()
         return True, 0
 
@@ -315,6 +323,8 @@ class Trainer:
         skipped: its row keeps the training metrics, and the resumed run goes on with the next step (the
         validation is not redone)."""
         tc = self.cfg.trainer
+        if self.writer.asynchronous:
+            self.writer.finished()  # a background write that ended since the last step
         last = self.step >= self.total_steps
         validate = self.val_loader is not None and (
             last
@@ -461,7 +471,8 @@ class Trainer:
         Every rank first checks that its weights and optimizer state are finite (a non-finite state is never
         saved: the run has diverged, and its last checkpoint stays the last finite state). Each rank's random
         state is gathered to rank 0, which writes the file; the barrier at the end means that when any rank
-        returns, the checkpoint is complete on disk.
+        returns, the checkpoint is complete on disk, or (trainer.checkpoint_async) copied and being written in
+        the background, durable once ``_durable`` returns.
         """
         self.observer.on_phase("checkpointing")
         self._refuse_nonfinite_state()
@@ -471,19 +482,34 @@ class Trainer:
         ranks: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(ranks, mine, group=self.control)
         if self.env.is_main:
-            started = time.monotonic()
-            path = self.checkpoints.save(self._checkpoint_state(ranks), self.step, self.cfg.trainer.keep_checkpoints)
-            self._note_save_time(time.monotonic() - started)
-            log.info("checkpoint (%s) at step %d: %s", why, self.step, path)
-            self.observer.on_saved(self.step)
+            blocked = self.writer.save(self._checkpoint_state(ranks), self.step, self.cfg.trainer.keep_checkpoints)
+            self._note_save_time(blocked)
+            if self.writer.asynchronous:
+                log.info(
+                    "checkpoint (%s) at step %d: blocked %.3f s, written in the background", why, self.step, blocked
+                )
+            else:
+                log.info("checkpoint (%s) at step %d: %s", why, self.step, self.run_dir.checkpoint(self.step))
+            self.writer.finished()
         self._saved_step = self.step
         self._last_checkpoint_at = time.monotonic()
         self._due_voted = False
         dist.barrier(group=self.control)
 
+    def _durable(self) -> None:
+        """Every rank returns once the latest checkpoint is durable: rank 0 waits for a background write (a stop,
+        the end of training); a synchronous one already is."""
+        if not self.cfg.trainer.checkpoint_async:
+            return
+        if self.env.is_main:
+            self.observer.on_phase("checkpointing")
+            self.writer.wait()
+            self.writer.finished()
+        dist.barrier(group=self.control)
+
     def _note_stop_saved(self) -> None:
-        """Every rank has the checkpoint of this step durable (``_save_checkpoint`` ends with a barrier): how
-        long after the signal, as this rank counts it."""
+        """Every rank has the checkpoint of this step durable (``_save_checkpoint`` ends with a barrier, and
+        ``_durable`` waits for a background write): how long after the signal, as this rank counts it."""
         if self.stop.received_at is not None:
             self.stop_saved_s = time.monotonic() - self.stop.received_at
             log.info(

@@ -91,6 +91,33 @@ def test_damaged_newest_checkpoint_is_skipped(run_cli, baseline: Background) -> 
     assert_bitwise_equal(baseline.ready(), run_dir)
 
 
+def test_background_checkpoints_survive_a_kill_mid_write_and_resume_exactly(run_cli, baseline: Background) -> None:  # type: ignore[no-untyped-def]
+    """trainer.checkpoint_async: SIGKILL halfway through the background write of step 15's checkpoint leaves
+    step 10's as the newest complete one; the rerun resumes from it, is stopped by a signal (the stop waits until
+    its checkpoint is durable), and the last run ends bit-identical to the uninterrupted one."""
+    job = [*JOB, "trainer.checkpoint_every_n_steps=5", "trainer.checkpoint_async=true", "cluster.failure_grace_s=2"]
+    killed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=15,kind=killsave"})
+    assert killed.returncode == 1, killed.stderr[-2000:]
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == ["step_000000005.pt", "step_000000010.pt"]
+    assert (folder / ".step_000000015.pt.tmp").is_file(), "the half-written file should be left as a temp file"
+    log = (run_dir / "logs" / "rank_0.log").read_text()
+    # Killed in the writer thread, after the copy: never durable.
+    assert "checkpoint (periodic) at step 15: blocked" in log and "checkpoint of step 15 durable" not in log
+    assert "checkpoint of step 10 durable after" in log
+
+    stopped, _ = run_cli(*job, run_dir=run_dir, env={"HPC_TRAIN_FAULT": "rank=1,step=23,kind=term,attempt=1"})
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert "resumed from" in log and "step_000000010.pt" in log and not list(folder.glob(".*.tmp"))
+    assert "checkpoint (signal 15) at step 24: blocked" in log and "checkpoint of step 24 durable after" in log
+    assert {s["step"] for s in RunDir(run_dir).read_statuses().values()} == {24}
+
+    finished, _ = run_cli(*job, run_dir=run_dir)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_bitwise_equal(baseline.ready(), run_dir)
+
+
 def test_divergence_stops_the_run_and_keeps_the_last_finite_state(run_cli) -> None:  # type: ignore[no-untyped-def]
     """Review of main: optim=sgd trainer.lr=3000 went NaN at step 10, ran on, exited 0, and rotation deleted the
     last finite checkpoint. Now the ranks agree on the first non-finite step, end as diverged, exit non-zero, and
