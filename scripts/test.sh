@@ -58,12 +58,12 @@ else
         unit=0
         .venv/bin/python -m pytest tests/unit || unit=$?
         runs=0
-        .venv/bin/python -m pytest --durations=15 -n 0 tests --ignore=tests/unit --ignore=tests/integration || runs=$?
+        .venv/bin/python -m pytest --durations=40 -n 0 tests --ignore=tests/unit --ignore=tests/integration || runs=$?
         [ "$unit" = 0 ] && [ "$runs" = 0 ]
     ) >"$logs/local.log" 2>&1 &
     local_pid=$!
     integration=0
-    .venv/bin/python -m pytest --durations=15 -n 0 tests/integration || integration=$?
+    .venv/bin/python -m pytest --durations=40 -n 0 tests/integration || integration=$?
     echo "test: integration tests done at $((SECONDS - t0))s"
     beside=0
     wait "$local_pid" || beside=$?

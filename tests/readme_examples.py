@@ -18,7 +18,7 @@ def code_blocks(text: str) -> list[tuple[str, str]]:
 
 
 def cli_examples(module: str = "hpc_train") -> list[list[str]]:
-    """The arguments of every `python -m <module> ...` line in a bash block (comments dropped)."""
+    """The arguments of every distinct `python -m <module> ...` line in a bash block (comments dropped)."""
     examples = []
     for readme in READMES:
         for lang, body in code_blocks(readme.read_text()):
@@ -26,8 +26,8 @@ def cli_examples(module: str = "hpc_train") -> list[list[str]]:
                 continue
             for line in body.splitlines():
                 words = shlex.split(line, comments=True)
-                if words[:3] == ["python", "-m", module]:
-                    examples.append(words[3:])
+                if words[:3] == ["python", "-m", module] and words[3:] not in examples:
+                    examples.append(words[3:])  # a command the README repeats is run once
     return examples
 
 

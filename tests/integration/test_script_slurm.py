@@ -14,7 +14,7 @@ import torch
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import REPO, wait_for_step
-from .conftest import SLURM_2X2, Baseline, cli, wait_for_job
+from .conftest import SLURM_2X1, Baseline, cli, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -22,12 +22,12 @@ LOOP = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
 
 
 def submit_loop(root: Path, *extra: str) -> tuple[str, Path, Path]:
-    """Submit the loop as a 2 x 2 job; returns (job id, run dir, the loop's output folder)."""
+    """Submit the loop as a 2 x 1 job; returns (job id, run dir, the loop's output folder)."""
     run_dir, out = root / "run", root / "out"
     out.mkdir(parents=True)
     args = ",".join(["--out", str(out), "--steps", "200", "--sleep", "0.02", *extra])
     proc = cli(
-        "hpc_train", *SLURM_2X2, f"script.path={LOOP}", f"script.args=[{args}]", f"hydra.run.dir={run_dir}", cwd=root
+        "hpc_train", *SLURM_2X1, f"script.path={LOOP}", f"script.args=[{args}]", f"hydra.run.dir={run_dir}", cwd=root
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return str(read_json(RunDir(run_dir).job_record)["job_id"]), run_dir, out

@@ -333,33 +333,6 @@ def test_notebook_api_on_slurm(tmp_path: Path) -> None:
     assert_trained_on_two_hosts(tmp_path / "run")
 
 
-def test_scaling_study_on_1_2_4_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "scaling"
-    args = ["--world-sizes", "1,2,4", "--tasks-per-node", "2", "--mode", "weak", "--out", str(out), "--timeout", "300"]
-    config = [
-        "cluster=slurm",
-        "data.num_samples=8192",
-        "model.hidden_sizes=[64]",
-        "trainer.max_steps=40",
-        "trainer.log_every_n_steps=10",
-    ]
-    proc = cli("hpc_train.scaling", *args, "--", *config, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    study = json.loads((out / "scaling.json").read_text())
-    points = study["points"]
-    assert [(p["world_size"], p["nodes"], p["tasks_per_node"]) for p in points] == [(1, 1, 1), (2, 1, 2), (4, 2, 2)]
-    assert points[0]["speedup"] == 1.0 and points[0]["efficiency"] == 1.0
-    for p in points:
-        assert p["samples_per_s"] > 0
-        assert p["speedup"] == pytest.approx(p["samples_per_s"] / points[0]["samples_per_s"])
-        assert p["efficiency"] == pytest.approx(p["speedup"] / p["world_size"])
-    assert study["recommended"]["weak"] in (1, 2, 4)
-    assert (out / "scaling.png").read_bytes()[:4] == b"\x89PNG"
-    assert "recommended (weak scaling" in proc.stdout
-    four = json.loads((out / "weak-w4" / "rank_table.json").read_text())
-    assert len({row["host"] for row in four}) == 2, "the 4-rank point did not span both nodes"
-
-
 def test_ctrl_c_in_an_salloc_allocation_checkpoints(tmp_path: Path) -> None:
     """Ctrl-C to `hpc-train cluster.submit=here` (srun runs in its own process group, so only the launcher gets
     it): the ranks get cluster.signal through srun, checkpoint at one step, and the command says how to resume."""
