@@ -72,7 +72,14 @@ def test_usr2_at_a_random_step_requeues_and_resumes_exactly(
     assert_requeued_and_exact(run_dir, baseline, job_id, requeued_by_us=True)
     history = read_json(RunDir(run_dir).restarts)
     assert len(history) == 1 and history[0]["signal"] == signal.SIGUSR2 and history[0]["stopped_step"] >= step
-    print(f"stopped at step {history[0]['stopped_step']}; completed {time.monotonic() - signalled:.1f}s after USR2")
+    durable = history[0]["stop_saved_s"]  # rank 0's count, from the signal to its checkpoint on disk
+    assert 0 < durable < 30, history
+    status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
+    assert f"requeued 1x; checkpoint durable {durable:.1f} s after each stop signal" in status, status
+    print(
+        f"stopped at step {history[0]['stopped_step']}, checkpoint durable {durable:.2f}s after USR2; completed "
+        f"{time.monotonic() - signalled:.1f}s after it"
+    )
 
 
 def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Baseline) -> None:
