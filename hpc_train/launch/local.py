@@ -4,9 +4,11 @@ submitit's local controller waits for *all* tasks, so a rank that dies early wou
 a collective until the collective timeout. ``follow`` therefore watches the ranks itself (status files and
 pids), and once one has failed gives the others ``cluster.failure_grace_s`` to exit before it ends the job.
 
-The controller is started with SIGINT ignored and its stderr in ``submitit/controller.log``: it shares the
+The controller is started with SIGINT blocked and its stderr in ``submitit/controller.log``: it shares the
 terminal's process group, and on Ctrl-C it would print its own KeyboardInterrupt traceback and SIGKILL the
-ranks a second later, before they could checkpoint. The ranks get Ctrl-C themselves, and the launcher ends
+ranks a second later, before they could checkpoint. The ranks inherit the block and lift it once their own
+handlers are in place (``runtime.startup``), so a Ctrl-C that comes while they start is kept, not lost. The
+launcher only notes a Ctrl-C while it starts the controller and serves it once it follows the ranks; it ends
 the job by signalling the ranks, never through the controller.
 
 submitit's controller is made to outlive the launcher, so a launcher killed with SIGKILL (or whose terminal
@@ -77,7 +79,7 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
         os.environ[PROGRESS_TTY] = "1"  # rank 0's stderr is copied to this terminal: its bar can draw there
     watcher, tell_watcher = _start_watcher(run_dir)
     try:
-        with _quiet_controller(run_dir):
+        with _quiet_controller(run_dir) as interrupted:
             # A run dir with rank logs is being resumed: its ranks name their logs after the attempt.
             job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
         assert isinstance(job, LocalJob)
@@ -95,7 +97,7 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
             with sigterm_as_interrupt():
                 world = plural(cfg.cluster.world_size, "rank")
                 print(f"hpc_train: local job {job.job_id} with {world}, run dir {run_dir.path}", flush=True)
-                return follow(job, run_dir, cfg.cluster)
+                return follow(job, run_dir, cfg.cluster, interrupted=bool(interrupted))
         except KeyboardInterrupt:  # a second Ctrl-C, or one before follow() took over: end the ranks now
             _stop(job, run_dir.submitit)
             print(
@@ -228,24 +230,32 @@ def _stop_orphaned(controller: tuple[int, int | None], run_dir: RunDir, timeout_
 
 
 @contextmanager
-def _quiet_controller(run_dir: RunDir) -> Iterator[None]:
-    """While submitit starts its controller: SIGINT ignored and stderr to a log (they are inherited), and
+def _quiet_controller(run_dir: RunDir) -> Iterator[list[int]]:
+    """While submitit starts its controller: SIGINT blocked and stderr to a log (both are inherited), and
     submitit's INFO lines off in the ranks (they interleave with rank 0's output; SUBMITIT_LOG_LEVEL=INFO in
-    the environment brings them back)."""
+    the environment brings them back). Yields a list that holds SIGINT once a Ctrl-C came meanwhile.
+
+    Blocked, not ignored: an ignored signal is discarded, and a Ctrl-C in this window was lost (the ranks, not
+    yet started, never saw it, and trained to the end: a CI failure). A blocked one stays pending: here it is
+    noted when the block ends, and in the ranks, which inherit the block, it reaches their handlers once they
+    lift it. The controller never lifts it, which is what keeps it out of a Ctrl-C."""
     run_dir.submitit.mkdir(parents=True, exist_ok=True)
     saved_level = os.environ.get("SUBMITIT_LOG_LEVEL")
     os.environ.setdefault("SUBMITIT_LOG_LEVEL", "WARNING")
     saved_stderr = os.dup(2)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with run_dir.controller_log.open("ab") as log:
             sys.stderr.flush()
             os.dup2(log.fileno(), 2)
-            yield
+            yield interrupted
     finally:
         sys.stderr.flush()
         os.dup2(saved_stderr, 2)
         os.close(saved_stderr)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending Ctrl-C runs the note before this returns
         signal.signal(signal.SIGINT, previous)
         if saved_level is None:
             os.environ.pop("SUBMITIT_LOG_LEVEL", None)
@@ -323,8 +333,9 @@ def _any_failed(run_dir: RunDir, paths: list[JobPaths], ranks: _RankProcesses) -
     return bool(_failures(run_dir, paths)) or ranks.ended_silently() > 0
 
 
-def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
-    """Stream rank 0's output until the job ends; 0 when every rank completed, else 1 (130 on Ctrl-C)."""
+def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig, interrupted: bool = False) -> int:
+    """Stream rank 0's output until the job ends; 0 when every rank completed, else 1 (130 on Ctrl-C).
+    ``interrupted``: a Ctrl-C came while the job was being started; it is served as one that comes now."""
     paths = [JobPaths(run_dir.submitit, job.job_id, rank) for rank in range(cluster.world_size)]
     tails = [Tail(paths[0].stdout, sys.stdout), Tail(paths[0].stderr, sys.stderr)]
     ranks = _RankProcesses(job, run_dir, cluster.world_size)
@@ -332,6 +343,8 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig) -> int:
     failed_since: float | None = None
     reason = ""
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         while not job.done():
             for tail in tails:
                 tail.pump()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import multiprocessing.process
 import shutil
+import signal
 import tempfile
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -42,6 +43,9 @@ class Startup:
 
     def __enter__(self) -> Startup:
         self.signals.install()
+        # A local launcher starts submitit's controller with SIGINT blocked, and the ranks inherit the block
+        # (hpc_train.launch.local): lifted now that the handler is in place, a Ctrl-C that came meanwhile is kept.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         self._tempdir = _own_multiprocessing_tempdir()
         self._was_enabled = gc.isenabled()
         gc.disable()
