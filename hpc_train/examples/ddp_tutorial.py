@@ -8,6 +8,7 @@ Each rank trains a toy model for a few steps and writes what it saw to DIR/rank<
 """
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -63,6 +64,9 @@ def main() -> None:
     seen = train(args.steps)
     with open(os.path.join(args.out, f"rank{seen['rank']}.json"), "w") as f:
         json.dump(seen, f)
+    # The DDP model lives in reference cycles: collect it while the interpreter is whole, else gloo's threads
+    # may be torn down at exit and abort a finished script ("terminate called without an active exception").
+    gc.collect()
     dist.destroy_process_group()
 
 
