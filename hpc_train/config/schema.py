@@ -40,6 +40,10 @@ class ScriptConfig(Checked):
     """Its command-line arguments: a list (script.args=[--epochs,3]), or one string split like a shell would
     (script.args='--tag "a,b" --lr=1e-3'), or everything after a lone -- on the command line
     (hpc-train script.path=train.py -- --tag "a,b" --lr=1e-3)."""
+    torchrun_env: bool = True
+    """Give the script the variables torchrun would (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). false runs a
+    one-rank script as a plain single process, without them: for scripts that take their DDP path whenever
+    LOCAL_RANK is set (DeepLIIF). Refused for more than one rank."""
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()
@@ -180,6 +184,25 @@ class Config:
             self._check_synthetic_sizes(world)
         if self.cluster.fewest_nodes < self.cluster.nodes:
             self._check_shrink()
+        self._check_torchrun_env(world)
+
+    def _check_torchrun_env(self, world: int) -> None:
+        """script.torchrun_env=false: a single process, so one rank of a script."""
+        if self.script.torchrun_env:
+            return
+        if not self.script.enabled:
+            raise ConfigError(
+                "script.torchrun_env=false applies to a script of your own, but none is given. HINT: add "
+                "script.path=..., script.module=... or script.command=..., or drop script.torchrun_env"
+            )
+        if world != 1:
+            raise ConfigError(
+                f"script.torchrun_env=false runs the script as one plain process, without RANK, WORLD_SIZE and "
+                f"MASTER_ADDR, but the cluster asks for {world} ranks (cluster.nodes={self.cluster.nodes} x "
+                f"{self.cluster.ranks_per_node} per node): the copies could not find each other and would each "
+                "train alone. HINT: set cluster.nodes=1 cluster.tasks_per_node=1, or drop script.torchrun_env to "
+                "give every rank the torchrun variables"
+            )
 
     def _check_shrink(self) -> None:
         """cluster.min_nodes below cluster.nodes: the built-in trainer can keep its global batch on that many."""

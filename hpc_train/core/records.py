@@ -480,6 +480,8 @@ class RankStatus(_Record):
     """What ``scontrol requeue`` was asked to requeue."""
     stop_saved_s: float | None = None
     """Seconds from the stop signal to the durable checkpoint a stopped rank stopped with."""
+    note: str | None = None
+    """A doubt about a rank that completed: a user's script that exited 0 with no sign of having trained."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Keys the record does not name (the peak GPU memory, ``cuda_max_mem_mb``): written as they are."""
 
@@ -500,6 +502,7 @@ class RankStatus(_Record):
         "signal": _Key("is not a signal number", _integer),
         "requeued": _Key("is not a job id", _string),
         "stop_saved_s": _SECONDS,
+        "note": _Key("is not a string", _string),
     }
 
     @classmethod

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -55,6 +56,7 @@ from hpc_train.core.state import (
 from hpc_train.core.textutil import PROGRESS_TTY, at_step, plural, shows_progress_bar
 from hpc_train.launch.state import resume_command
 from hpc_train.runtime import worker
+from hpc_train.runtime.script_boot import from_the_script
 
 __all__ = ["follow", "launch_debug", "launch_local", "watch"]
 
@@ -113,12 +115,36 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
 
 
 def launch_debug(cfg: Config, run_dir: RunDir) -> int:
-    """Run the single rank in this process (submitit's DebugExecutor), so breakpoints and pdb work."""
+    """Run the single rank in this process (submitit's DebugExecutor), so breakpoints and pdb work; a script of
+    ``script.path`` or ``script.module`` runs in this process too (``runtime.script.run_here``). On a failure
+    pdb's post-mortem opens where it was raised (on a terminal), then the traceback and one line say what
+    happened."""
     run_dir.clear_statuses()
     executor = submitit.DebugExecutor(folder=run_dir.submitit)
     job = executor.submit(worker.run, str(run_dir.path), run_dir.next_attempt())
-    job.result()  # runs the worker here; an exception propagates (after pdb post-mortem on a terminal)
-    return 0
+    try:
+        job.result()  # runs the worker here
+    except Exception as exc:  # noqa: BLE001 - reported with its traceback (a script's: from its own frames)
+        traceback.print_exception(type(exc), exc, from_the_script(exc.__traceback__))
+        why = f"{type(exc).__name__}: {exc}"
+    except SystemExit as exc:  # a user's script that failed (its output is above)
+        if not exc.code:
+            raise
+        why = str(run_dir.read_statuses().get(0, {}).get("error") or f"status {exc.code}")
+    else:
+        status = run_dir.read_statuses().get(0, {})
+        if status.get("state") == RankState.STOPPED:
+            print(
+                f"hpc_train: stopped {at_step(status.get('step'))} on a signal (cluster=debug).\n"
+                f"  resume: {resume_command(run_dir)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 130
+        print(f"hpc_train: the rank completed in this process (cluster=debug). Run dir: {run_dir.path}", flush=True)
+        return 0
+    print(f"hpc_train: the job failed in this process (cluster=debug): {why}. Run dir: {run_dir.path}", file=sys.stderr)
+    return 1
 
 
 def _start_watcher(run_dir: RunDir) -> tuple[subprocess.Popen[bytes], int]:
@@ -426,7 +452,10 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
     statuses = run_dir.read_statuses()
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         who = "the rank" if world_size == 1 else f"all {world_size} ranks"
+        notes = sorted({str(s["note"]) for s in statuses.values() if s.get("note")})
         print(f"hpc_train: {who} completed. Run dir: {run_dir.path}", flush=True)
+        for note in notes:  # a script that exited 0 with no sign of having trained
+            print(f"hpc_train: warning: {note}", file=sys.stderr, flush=True)
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):
         step = statuses[0].get("step")
@@ -446,7 +475,9 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
         first = failures[0]
         lines.append(f"  rank {first.rank} on {first.host} failed first: {first.summary}")
         lines += [f"  then rank {f.rank} on {f.host}: {f.summary.splitlines()[0][:160]}" for f in failures[1:]]
-        if first.detail:
+        if first.rank == 0:  # its stderr was copied here as it came: the traceback is above, not repeated
+            lines.append(f"  rank 0's output is above, and in {run_dir.rank_log(0)}")
+        elif first.detail:
             source = "traceback" if first.reported else f"last lines of {paths[first.rank].stderr}"
             lines.append(f"--- rank {first.rank}: {source} ---")
             lines.append(first.detail.rstrip())

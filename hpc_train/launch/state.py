@@ -194,7 +194,9 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         retried = notes if len(attempts) > 1 else []
-        return verdict("COMPLETED", done=True, ok=True, detail="; ".join(["every rank completed", *retried]))
+        doubts = sorted({str(s["note"]) for s in statuses.values() if s.get("note")})  # no sign of training
+        detail = "; ".join(["every rank completed", *retried, *(f"warning: {d}" for d in doubts)])
+        return verdict("COMPLETED", done=True, ok=True, detail=detail)
     failures = _reported_failures(statuses)
     if squeue in ACTIVE_STATES:
         return verdict(squeue, done=False, ok=False, detail="; ".join([*notes, *failures]))

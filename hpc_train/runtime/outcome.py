@@ -26,11 +26,13 @@ class Outcome:
     peak: Mapping[str, float] = field(default_factory=dict)
     stop_saved_s: float | None = None
     """Seconds from the stop signal to the durable checkpoint it stopped with."""
+    note: str | None = None
+    """A doubt about a run that completed (``Fit.note``)."""
 
     @property
     def extra(self) -> dict[str, float | str]:
         """The status's keys beyond its state and step: signal, requeued, the seconds to a durable checkpoint
         and the peak memory, where known."""
         saved = None if self.stop_saved_s is None else round(self.stop_saved_s, 3)
-        named = {"signal": self.signal, "requeued": self.requeued, "stop_saved_s": saved}
+        named = {"signal": self.signal, "requeued": self.requeued, "stop_saved_s": saved, "note": self.note}
         return {**{key: value for key, value in named.items() if value is not None}, **self.peak}

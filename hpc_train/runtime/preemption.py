@@ -122,7 +122,7 @@ def _group() -> Any:
 def _report(step: int, stopped: bool) -> None:
     """Tell the worker which steps this attempt covered (it reads them after the script exits)."""
     global _reported_at
-    run_dir, rank = os.environ.get("HPC_TRAIN_RUN_DIR"), os.environ.get("RANK")
+    run_dir, rank = os.environ.get("HPC_TRAIN_RUN_DIR"), os.environ.get("HPC_TRAIN_RANK", os.environ.get("RANK"))
     if not run_dir or rank is None:
         return
     _reported_at = time.monotonic()

@@ -31,8 +31,10 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -69,9 +71,36 @@ class ScriptRun:
     stderr_tail: str
 
 
-def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str, attempt: int = 0) -> dict[str, str]:
-    """The variables a torchrun worker sees, for this rank, and the few ``hpc_train.preemption`` reads."""
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+"""What torchrun gives a worker; a script run with ``script.torchrun_env=false`` gets none of them."""
+
+
+def torchrun_environment(
+    env: DistEnv, cluster: ClusterConfig, run_dir: str, attempt: int = 0, torchrun: bool = True
+) -> dict[str, str]:
+    """The variables a torchrun worker sees, for this rank, and the few ``hpc_train.preemption`` reads.
+    ``torchrun=False`` (``script.torchrun_env=false``, one rank): only hpc_train's own."""
     stop = [signal_number(cluster.signal), signal.SIGTERM, signal.SIGINT]
+    ours = {
+        "OMP_NUM_THREADS": str(cluster.cpus_per_task),
+        "HPC_TRAIN_RUN_DIR": run_dir,
+        "HPC_TRAIN_RANK": str(env.rank),
+        ATTEMPT_VARIABLE: str(attempt),
+        "HPC_TRAIN_STOP_SIGNALS": ",".join(str(int(s)) for s in stop),
+    }
+    if not torchrun:
+        return ours
     return {
         "RANK": str(env.rank),
         "LOCAL_RANK": str(env.local_rank),
@@ -82,10 +111,9 @@ def torchrun_environment(env: DistEnv, cluster: ClusterConfig, run_dir: str, att
         "ROLE_WORLD_SIZE": str(env.world_size),
         "MASTER_ADDR": env.master_addr,
         "MASTER_PORT": str(env.master_port),
-        "OMP_NUM_THREADS": str(cluster.cpus_per_task),
-        "HPC_TRAIN_RUN_DIR": run_dir,
-        ATTEMPT_VARIABLE: str(attempt),
-        "HPC_TRAIN_STOP_SIGNALS": ",".join(str(int(s)) for s in stop),
+        # The store is the launcher side's (rank 0's worker), as under torchrun: the script connects as a client.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        **ours,
     }
 
 
@@ -97,25 +125,41 @@ def script_argv(script: ScriptConfig) -> list[str]:
     return [sys.executable, "-m", "hpc_train.runtime.script_boot", *target, *script.argv]
 
 
-class _StderrTail:
-    """Copies a child's stderr to ours as it comes, and keeps its end for the failure report."""
+class _Copy:
+    """Copies one of the child's streams as it comes: to ours (the rank's console, or its Slurm or submitit
+    output) as it is, and to the rank's log a whole line at a time (two streams share it, and hpc_train's own
+    lines too); keeps the end for the failure report."""
 
     KEEP = 16384
 
-    def __init__(self, pipe: IO[bytes]) -> None:
-        self._pipe, self._kept = pipe, b""
-        self._thread = threading.Thread(target=self._copy, name="script-stderr", daemon=True)
+    def __init__(self, pipe: IO[bytes], to_fd: int, log_fd: int | None, name: str) -> None:
+        self._pipe, self._to, self._log, self._kept = pipe, to_fd, log_fd, b""
+        self._thread = threading.Thread(target=self._copy, name=f"script-{name}", daemon=True)
         self._thread.start()
 
     def _copy(self) -> None:
-        fd = self._pipe.fileno()
+        fd, partial = self._pipe.fileno(), b""
         while chunk := os.read(fd, 65536):
-            os.write(2, chunk)
+            self._write(self._to, chunk)
+            lines, _, partial = (partial + chunk).rpartition(b"\n")
+            if lines:
+                self._write(self._log, lines + b"\n")
             self._kept = (self._kept + chunk)[-self.KEEP :]
+        if partial:
+            self._write(self._log, partial + b"\n")
 
-    def tail(self, lines: int = 15, wait_s: float = 5.0) -> str:
-        """The last lines (a grandchild that holds the pipe open delays EOF: we wait ``wait_s`` at most)."""
+    @staticmethod
+    def _write(fd: int | None, data: bytes) -> None:
+        if fd is not None:
+            with suppress(OSError):  # a full disk or a closed console must not stop the script
+                os.write(fd, data)
+
+    def wait(self, wait_s: float = 5.0) -> None:
+        """Until the stream ends (a grandchild that holds the pipe open delays EOF: ``wait_s`` at most)."""
         self._thread.join(wait_s)
+
+    def tail(self, lines: int = 15) -> str:
+        """The last lines of what was copied."""
         return "\n".join(self._kept.decode(errors="replace").splitlines()[-lines:])
 
 
@@ -127,13 +171,14 @@ def run_script(
     timeout: timedelta,
     attempt: int = 0,
     early_stop: StopSignals | None = None,
+    log_path: Path | None = None,
 ) -> ScriptRun:
     """Run the script as a child process with the torchrun environment, until it exits.
 
     Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script;
     the first stop signal among them is remembered. ``early_stop``: the handlers of the rank's start-up; a
     signal they caught (up to the moment this one takes over, the store's connection included) is passed on
-    as soon as the script runs.
+    as soon as the script runs. ``log_path``: the rank's log, which gets the script's stdout and stderr too.
     """
     import torch.distributed as dist
 
@@ -141,32 +186,77 @@ def run_script(
     store = dist.TCPStore(  # type: ignore[attr-defined]
         env.master_addr, env.master_port, is_master=env.rank == 0, timeout=timeout, wait_for_workers=False
     )
-    variables = torchrun_environment(env, cluster, run_dir, attempt)
+    variables = torchrun_environment(env, cluster, run_dir, attempt, torchrun=script.torchrun_env)
     stops = {int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(",")}
-    child_env = {**os.environ, **variables, "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    child = subprocess.Popen(script_argv(script), env=child_env, stderr=subprocess.PIPE)
-    assert child.stderr is not None
-    stderr = _StderrTail(child.stderr)
-    stopped_by = 0
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopped_by
-        if signum == signal.SIGHUP:  # a hang-up is a stop: the script hears the SIGTERM it knows how to handle
-            signum = signal.SIGTERM
-        if signum in stops and not stopped_by:
-            stopped_by = signum
-        child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    if early_stop is not None and early_stop.received:
-        forward(early_stop.received, None)
+    inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
+    log_fd = None if log_path is None else os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        code = child.wait()
+        child = subprocess.Popen(
+            script_argv(script), env={**inherited, **variables}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert child.stdout is not None and child.stderr is not None
+        stdout = _Copy(child.stdout, sys.stdout.fileno(), log_fd, "stdout")
+        stderr = _Copy(child.stderr, sys.stderr.fileno(), log_fd, "stderr")
+        stopped_by = 0
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            nonlocal stopped_by
+            if signum == signal.SIGHUP:  # a hang-up is a stop: the script hears the SIGTERM it knows how to handle
+                signum = signal.SIGTERM
+            if signum in stops and not stopped_by:
+                stopped_by = signum
+            child.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        if early_stop is not None and early_stop.received:
+            forward(early_stop.received, None)
+        try:
+            code = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for copy in (stdout, stderr):  # both end before the log is closed
+            copy.wait()
+        tail = stderr.tail()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if log_fd is not None:
+            os.close(log_fd)
     _finish(store, env, timeout)
-    return ScriptRun(code, stopped_by, stderr.tail())
+    return ScriptRun(code, stopped_by, tail)
+
+
+def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
+    """``cluster=debug``: the script in this process, as ``python script.py`` (or ``-m``) would run it, with one
+    rank's environment, so that a breakpoint works and pdb's post-mortem lands in the script's own frame. An
+    exception from the script goes on up as it is; ``sys.exit`` becomes the exit status. The environment,
+    ``sys.argv`` and ``sys.path`` are put back afterwards."""
+    import runpy
+
+    from hpc_train.runtime.script_boot import release_distributed
+
+    saved = dict(os.environ), list(sys.argv), list(sys.path)
+    for key in TORCHRUN_VARIABLES:
+        os.environ.pop(key, None)
+    os.environ.update(variables)
+    code = 0
+    try:
+        if script.module:
+            sys.argv = [script.module, *script.argv]
+            runpy.run_module(script.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script.path, *script.argv]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script.path)))  # as `python path` would have it
+            runpy.run_path(script.path, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # sys.exit("message"), as the interpreter would print it
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        release_distributed()
+        environ, sys.argv, sys.path[:] = saved[0], saved[1], saved[2]
+        os.environ.clear()
+        os.environ.update(environ)
+    return ScriptRun(code, 0, "" if code == 0 else f"the script called sys.exit({code})")
 
 
 def run_user_script(
@@ -175,20 +265,27 @@ def run_user_script(
     """The user's torchrun-style script instead of the trainer; it sets up its own process group.
 
     Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported
-    through ``hpc_train.preemption``, if it did); raises ScriptError when it failed.
+    through ``hpc_train.preemption``, if it did); raises ScriptError when it failed. The script's stdout and
+    stderr go to this rank's log as well as to its console (or Slurm and submitit output).
     """
     rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
     rd.progress(env.rank).unlink(missing_ok=True)
     what = cfg.script.path or cfg.script.module or cfg.script.command
-    log.info(
-        "running %s on rank %d with the torchrun environment (master %s:%d)",
-        what,
-        env.rank,
-        env.master_addr,
-        env.master_port,
-    )
+    if cfg.script.torchrun_env:
+        how = f"with the torchrun environment (master {env.master_addr}:{env.master_port})"
+    else:
+        how = "as a plain process (script.torchrun_env=false: no RANK, LOCAL_RANK, WORLD_SIZE or MASTER_ADDR)"
+    log.info("running %s on rank %d %s; its output follows", what, env.rank, how)
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
-    run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, job.attempt, early_stop)
+    before = _Files.snapshot(rd) if env.is_main else None
+    started = time.monotonic()
+    if cfg.cluster.launcher == "debug" and not cfg.script.command:
+        run = run_here(
+            cfg.script, torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)
+        )
+    else:
+        log_path = rd.rank_log(env.rank, job.attempt)
+        run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, job.attempt, early_stop, log_path)
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
     start = None if first is None else first - 1
@@ -198,13 +295,84 @@ def run_user_script(
     if run.code != 0:
         how = f"was killed by {signal.Signals(-run.code).name}" if run.code < 0 else f"exited with status {run.code}"
         last_line = next((line for line in reversed(run.stderr_tail.splitlines()) if line.strip()), "")
-        error = ScriptError(
-            f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else ""), run.stderr_tail
-        )
+        message = f"{what} {how} on rank {env.rank}" + (f": {last_line.strip()}" if last_line else "")
+        error = ScriptError(message + _hint(cfg, run.stderr_tail), run.stderr_tail)
         if last is not None:
             tag_step(error, last)  # the last step the script reported
         raise error
-    return Fit(completed=True, start_step=start or 0, step=last or 0, signal=0)
+    note = None
+    if last is None and before is not None and not before.changed():
+        note = (
+            f"{what} exited 0 after {time.monotonic() - started:.1f} s with no progress reported: no step through "
+            f"hpc_train.preemption and no file written in {rd.path} or {os.getcwd()}; did it train?"
+        )
+        log.warning("%s", note)
+    return Fit(completed=True, start_step=start or 0, step=last or 0, signal=0, note=note)
+
+
+def _hint(cfg: Config, stderr: str) -> str:
+    """A HINT for a failure whose cause the config shows: NCCL asked for on a job without GPUs."""
+    if "nccl" in stderr.lower() and cfg.cluster.gpus_per_node == 0:
+        one_rank = cfg.cluster.world_size == 1 and cfg.script.torchrun_env
+        return (
+            " HINT: the script uses NCCL, which needs GPUs, but cluster.gpus_per_node=0 gives the ranks none (and a "
+            "CPU build of torch has no NCCL). Give the job GPUs (cluster.gpus_per_node=N, on a partition that has "
+            "them), or have the script use gloo on CPU (init_process_group(backend='gloo'))."
+            + (
+                " If the script takes its DDP path only because LOCAL_RANK is set (DeepLIIF does), "
+                "script.torchrun_env=false runs it as one plain process."
+                if one_rank
+                else ""
+            )
+        )
+    return ""
+
+
+class _Files:
+    """A bounded look at the files under the run dir and the working directory, to tell whether a script that
+    exited 0 wrote anything (hpc_train's own folders aside). Too many files to look at: it cannot tell, and says
+    that something changed."""
+
+    LIMIT = 20000
+    DEPTH = 4
+
+    def __init__(self, roots: list[Path], skip: set[Path]) -> None:
+        self.roots, self.skip = roots, skip
+        self.seen = self._look()
+
+    @classmethod
+    def snapshot(cls, rd: RunDir) -> _Files:
+        run = rd.path.resolve()
+        skip = {run / name for name in (rd.logs.name, rd.status_dir.name, rd.submitit.name, ".hydra")}
+        return cls([run, Path.cwd().resolve()], skip)
+
+    def _look(self) -> dict[str, int] | None:
+        seen: dict[str, int] = {}
+        stack = [(root, 0) for root in self.roots]
+        while stack:
+            folder, depth = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                if len(seen) >= self.LIMIT:
+                    return None
+                path = Path(entry.path)
+                if path in self.skip or entry.name.startswith("."):
+                    continue
+                with suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        if depth < self.DEPTH:
+                            stack.append((path, depth + 1))
+                    elif entry.is_file(follow_symlinks=False):
+                        seen[entry.path] = entry.stat(follow_symlinks=False).st_mtime_ns
+        return seen
+
+    def changed(self) -> bool:
+        """Whether a file appeared or changed since the snapshot (True when either look could not tell)."""
+        now = self._look()
+        return self.seen is None or now is None or any(self.seen.get(path) != mtime for path, mtime in now.items())
 
 
 def _finish(store: Any, env: DistEnv, timeout: timedelta) -> None:

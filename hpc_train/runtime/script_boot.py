@@ -17,9 +17,12 @@ import gc
 import os
 import runpy
 import sys
+import traceback
+from types import TracebackType
 
 
-def _release_distributed() -> None:
+def release_distributed() -> None:
+    """Collect DDP's cycles and destroy a process group the script left behind, while the interpreter is whole."""
     gc.collect()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -28,7 +31,30 @@ def _release_distributed() -> None:
 
 
 def main(argv: list[str]) -> None:
-    atexit.register(_release_distributed)
+    atexit.register(release_distributed)
+    try:
+        _run(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - printed as the interpreter would, from the script's frame
+        # The traceback as `python script.py` prints it: from the script's own first frame, without this
+        # module's and runpy's (all of them when the error is ours: a script that cannot be found).
+        traceback.print_exception(type(exc), exc, from_the_script(exc.__traceback__))
+        sys.exit(1)
+
+
+def from_the_script(tb: TracebackType | None) -> TracebackType | None:
+    """The part of a traceback that is the script's: what follows the last of runpy's frames (the whole of it
+    when there is none, or nothing follows: a script that could not be found)."""
+    start, frame = tb, tb
+    while frame is not None:
+        if "runpy" in os.path.basename(frame.tb_frame.f_code.co_filename) and frame.tb_next is not None:
+            start = frame.tb_next
+        frame = frame.tb_next
+    return start
+
+
+def _run(argv: list[str]) -> None:
     if argv[:1] == ["-m"]:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -12,6 +12,7 @@ import argparse
 import gc
 import os
 import signal
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -27,6 +28,7 @@ from hpc_train.distributed import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, FaultObserver, armed_fault
 from hpc_train.runtime.logs import setup_logging
 from hpc_train.runtime.outcome import Fit, Outcome
+from hpc_train.runtime.script import ScriptError
 from hpc_train.runtime.startup import Startup
 
 if TYPE_CHECKING:
@@ -51,6 +53,13 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
         try:
             setup_logging(rd, env, job.attempt)
             outcome = _run(rd, env, job, startup)
+        except ScriptError as exc:
+            # The script printed its own traceback, and the launcher prints the summary: ours, which says
+            # nothing about the user's code, goes to the rank's log only, and the rank ends with status 1.
+            rd.write_failure(env.rank, exc, attempt=job.stamp)
+            with rd.rank_log(env.rank, job.attempt).open("a") as stream:
+                stream.write(f"hpc_train: {exc}\nhpc_train: where the worker saw it:\n{traceback.format_exc()}")
+            raise SystemExit(1) from None
         except BaseException as exc:
             rd.write_failure(env.rank, exc, attempt=job.stamp)
             raise
@@ -73,7 +82,7 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
     else:
         fit = _train(rd, env, cfg, job, startup)
     if fit.completed:
-        return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak)
+        return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak, note=fit.note)
     return after_stop(rd, env, cfg, job, fit)
 
 

@@ -87,3 +87,5 @@ class FitResult:
     """This rank's peak GPU memory (empty on CPU); the final status keeps it."""
     stop_saved_s: float | None = None
     """Seconds from the stop signal to the durable checkpoint (None: not stopped, or not known here)."""
+    note: str | None = None
+    """A doubt about a run that completed: a user's script that exited 0 with no sign of having trained."""

@@ -50,9 +50,9 @@ def test_exit_hook_destroys_a_process_group_left_behind(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stdout.strip()) == (0, "left initialized: True"), proc.stderr
     code = (
         "import torch.distributed as dist\n"
-        "from hpc_train.runtime.script_boot import _release_distributed\n"
+        "from hpc_train.runtime.script_boot import release_distributed\n"
         "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-        "_release_distributed()\n"
+        "release_distributed()\n"
         "print(dist.is_initialized())\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

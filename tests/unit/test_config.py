@@ -88,6 +88,12 @@ def test_group_options() -> None:
             ["cluster=slurm", "cluster.gpus_per_node=-2"],
             r"^cluster\.gpus_per_node=-2 is invalid: must be a whole number from 0",
         ),
+        (
+            ["script.path=train.py", "script.torchrun_env=false"],
+            r"script\.torchrun_env=false runs the script as one plain process.*asks for 2 ranks.*HINT: set "
+            r"cluster\.nodes=1 cluster\.tasks_per_node=1",
+        ),
+        (["script.torchrun_env=false"], r"script\.torchrun_env=false applies to a script of your own.*HINT"),
     ],
 )
 def test_rules(overrides: list[str], message: str) -> None:
@@ -368,3 +374,9 @@ def test_a_wrapper_in_cluster_python_is_refused_where_the_files_are_seen(tmp_pat
     assert isinstance(saved, dict)
     saved["cluster"]["python"] = wrapper
     assert config_from_dict(saved).cluster.python == wrapper  # loaded: not this machine's files to judge
+
+
+def test_a_one_rank_script_may_run_without_the_torchrun_variables() -> None:
+    cfg = composed("script.module=pkg.train", "script.torchrun_env=false", "cluster.tasks_per_node=1")
+    assert cfg.script.torchrun_env is False and cfg.cluster.world_size == 1
+    assert composed("script.module=pkg.train").script.torchrun_env is True

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hpc_train.config import DDPConfig, EarlyStoppingConfig, ScheduleConfig, ScriptConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
 from hpc_train.distributed import distributed, resolve_environment
-from hpc_train.runtime.script import torchrun_environment
+from hpc_train.runtime.script import TORCHRUN_VARIABLES, torchrun_environment
 from hpc_train.train.early_stopping import EarlyStopping
 from hpc_train.train.models import build_model
 from hpc_train.train.precision import Precision
@@ -136,6 +136,9 @@ def test_torchrun_environment_of_a_slurm_rank() -> None:
         "MASTER_ADDR": "node1",
     }
     assert got["MASTER_PORT"] == str(env.master_port)
+    plain = torchrun_environment(env, composed("cluster=slurm").cluster, "/r", torchrun=False)
+    assert not set(plain) & set(TORCHRUN_VARIABLES), plain  # script.torchrun_env=false
+    assert plain["HPC_TRAIN_RANK"] == "3" and plain["HPC_TRAIN_RUN_DIR"] == "/r"
 
 
 @pytest.mark.parametrize(
