@@ -28,6 +28,7 @@ __all__ = [
     "child_pids",
     "is_live",
     "never_started",
+    "parent_pid",
     "pid_alive",
     "process_command",
     "process_start",
@@ -114,6 +115,12 @@ def _proc_stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces and ")"
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` (field 2 of its /proc/<pid>/stat); None when it is gone."""
+    fields = _proc_stat(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def child_pids(parent: int) -> list[int]:

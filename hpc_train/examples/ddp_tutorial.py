@@ -62,6 +62,7 @@ def main() -> None:
 
     dist.init_process_group(backend="gloo")  # env:// reads MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     seen = train(args.steps)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"rank{seen['rank']}.json"), "w") as f:
         json.dump(seen, f)
     # The DDP model lives in reference cycles: collect it while the interpreter is whole, else gloo's threads

@@ -22,20 +22,27 @@ Lightning's own preemption handling is switched off while the callback is in use
 (checkpoint I/O and ``scontrol requeue`` inside a signal handler, decided by rank 0 alone) and its SIGTERM
 handler (a broadcast inside the handler). Our flag-only handlers are put back at the start of training.
 
-Exact resume mid-epoch needs a dataloader that saves its position: ``torchdata.stateful_dataloader.
-StatefulDataLoader`` (Lightning stores and restores its state). A plain ``DataLoader`` restarts the epoch's
-batches, so some batches are seen twice. Lightning stores no RNG state: seed dropout and the like per step
-if they must replay exactly. A stop at Lightning's epoch end runs the validation it does when training is
-stopped early, after the checkpoint is written, and loggers record the run as "failed" (Lightning's word for
-an exit during ``fit``).
+Exact resume mid-epoch: the checkpoint also holds every rank's random state (torch, CUDA, numpy, Python),
+put back just before the first resumed batch, and the number of batches the epoch had trained. A
+``DataLoader`` whose order is a function of the epoch (a ``DistributedSampler``, which Lightning puts in under
+DDP, or scvi-tools' ``BatchDistributedSampler``) continues the epoch at the next batch: the batches already
+trained are skipped in the sampler, without loading them. A ``StatefulDataLoader`` restores its own position.
+A loader shuffled from the global RNG (``shuffle=True`` on one rank) draws another order. A stop at Lightning's
+epoch end runs the validation it does when training is stopped early, after the checkpoint is written, and
+loggers record the run as "failed" (Lightning's word for an exit during ``fit``). A logger that keeps its
+history in memory (scvi-tools' ``model.history``) gets the earlier attempts' rows back on resume.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Mapping
+import random
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypedDict
+
+import torch
 
 from hpc_train.core.errors import ConfigError, DistEnvironmentError
 from hpc_train.integrations import newest
@@ -106,8 +113,20 @@ def _check_shape(trainer: pl.Trainer) -> None:
         )
 
 
+class Stopped(SystemExit):
+    """How the callback ends a stopped script: exit status 0 (requeue me), with a message that says so to a
+    framework that catches and prints it (scvi-tools prints every exception out of ``fit``)."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        super().__init__(0)
+        self.step, self.path = step, path
+
+    def __str__(self) -> str:
+        return f"hpc_train: stopped on a signal at step {self.step}, saved {self.path}; exiting 0 to be requeued"
+
+
 class PreemptionCallback(pl.Callback):
-    """Stop together on preemption, checkpoint, and exit so that hpc_train requeues the job.
+    """Stop together on preemption, checkpoint, and exit so that hpc_train requeues the job; resume exactly.
 
     ``exit_after_stop=False`` lets ``fit()`` return instead (``hpc_train.preemption.stop_signal()`` is then
     non-zero); the script must then return without training further, and exit 0.
@@ -116,8 +135,12 @@ class PreemptionCallback(pl.Callback):
     def __init__(self, exit_after_stop: bool = True) -> None:
         self.exit_after_stop = exit_after_stop
         self.stopped = False
+        self.saved: Path | None = None
         self._last_step: int | None = None
         self._deferred = False
+        self._saving: dict[str, Any] = {}
+        self._resume: dict[str, Any] = {}
+        self._random_pending: dict[str, Any] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         _check_shape(trainer)
@@ -125,8 +148,41 @@ class PreemptionCallback(pl.Callback):
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False
 
+    # ---- what the stop checkpoint holds beyond Lightning's own ------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._saving)  # empty in checkpoints other than the stop's
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume = dict(state_dict)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         preemption.reclaim_signals()
+        resume, self._resume = self._resume, {}
+        if not resume:
+            return
+        world = trainer.world_size
+        if len(resume.get("random", [])) != world:
+            _warn(
+                trainer,
+                f"the stop checkpoint was written by {len(resume.get('random', []))} ranks and {world} resume it: "
+                "the random state and the rest of the epoch start afresh",
+            )
+            return
+        self._random_pending = resume["random"][trainer.global_rank]
+        if trainer.current_epoch == resume["epoch"]:
+            _skip_trained_batches(trainer, int(resume["batches"]))
+        if trainer.is_global_zero:
+            _restore_history(trainer, resume.get("history", {}))
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._random_pending is not None:  # the first resumed batch: the state its twin saw, uninterrupted
+            _set_random_state(self._random_pending)
+            self._random_pending = None
+
+    # ---- the stop --------------------------------------------------------------------------------------------
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -144,20 +200,150 @@ class PreemptionCallback(pl.Callback):
             self._deferred = True
             return
         self.stopped = True
-        self._save(trainer, step)
+        self._saving = {
+            "epoch": trainer.current_epoch,
+            "batches": batch_idx + 1,  # of this epoch, trained
+            "random": _gather(trainer, _random_state()),
+            "history": _history(trainer),
+        }
+        try:
+            self.saved = self._save(trainer, step)
+        finally:
+            self._saving = {}
         # Lightning ignores should_stop until min_steps / min_epochs are reached: this stop must not wait.
         trainer.fit_loop.min_epochs = None
         trainer.fit_loop.epoch_loop.min_steps = None
         trainer.should_stop = True
 
     @staticmethod
-    def _save(trainer: pl.Trainer, step: int) -> None:
+    def _save(trainer: pl.Trainer, step: int) -> Path:
         final = checkpoint_path(trainer.default_root_dir, step)
         partial = final.with_name(f".hpc_train_saving_{step}")
         trainer.save_checkpoint(partial)  # collective, ending in a barrier: the file is whole when it returns
         if trainer.is_global_zero:
             os.replace(partial, final)
+        return final
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.stopped and self.exit_after_stop:
-            raise SystemExit(0)
+            raise Stopped(trainer.global_step, self.saved or checkpoint_path(trainer.default_root_dir, 0))
+
+
+def _warn(trainer: pl.Trainer, message: str) -> None:
+    if trainer.is_global_zero:
+        print(f"hpc_train: warning: {message}", flush=True)
+
+
+def _random_state() -> dict[str, Any]:
+    """This process's random state, in types a weights-only ``torch.load`` reads back."""
+    import numpy as np
+
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": [
+            str(kind),
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(position),
+            int(has_gauss),
+            float(gauss),
+        ],
+        "python": [list(item) if isinstance(item, tuple) else item for item in random.getstate()],
+    }
+
+
+def _set_random_state(state: Mapping[str, Any]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def _gather(trainer: pl.Trainer, mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order, on every rank (a collective)."""
+    import torch.distributed as dist
+
+    if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def _history(trainer: pl.Trainer) -> dict[str, Any]:
+    """A logger's in-memory history (scvi-tools' ``SimpleLogger``: one DataFrame per metric), as plain lists."""
+    history = getattr(trainer.logger, "history", None) if trainer.is_global_zero else None
+    if not isinstance(history, Mapping):
+        return {}
+    kept = {}
+    for metric, frame in history.items():
+        if hasattr(frame, "index") and hasattr(frame, "to_numpy"):
+            kept[str(metric)] = {
+                "index_name": frame.index.name,
+                "index": [_plain(i) for i in frame.index],
+                "values": [_plain(v) for v in frame.to_numpy().reshape(-1)],
+            }
+    return kept
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _restore_history(trainer: pl.Trainer, saved: Mapping[str, Any]) -> None:
+    """Put the earlier attempts' rows back into a logger that keeps its history in memory."""
+    experiment = getattr(trainer.logger, "experiment", None)
+    data = getattr(experiment, "data", None)
+    if not saved or not isinstance(data, dict):
+        return
+    import pandas as pd
+
+    for metric, rows in saved.items():
+        frame = pd.DataFrame({metric: rows["values"]}, index=pd.Index(rows["index"], name=rows["index_name"]))
+        data[metric] = frame if metric not in data else pd.concat([frame, data[metric]])
+
+
+class _SkipFirst:
+    """A data loader's (batch) sampler whose next pass skips its first ``n`` items, once: the batches of the
+    resumed epoch that were trained before the stop. Everything else (``len``, ``set_epoch``) is the sampler's."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self.inner, self.n = inner, n
+
+    def __iter__(self) -> Iterator[Any]:
+        n, self.n = self.n, 0
+        return itertools.islice(iter(self.inner), n, None)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
+    """Continue the resumed epoch at its next batch. Lightning counts the batches already trained, but draws them
+    again from a fresh iterator; here the train loaders' samplers skip them instead, in the order of this epoch
+    (set first: Lightning sets it only after this hook), and the iterators are made anew."""
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+    from lightning.fabric.utilities.types import _Stateful
+    from torch.utils.data import DataLoader
+
+    fit_loop = trainer.fit_loop
+    loaders = fit_loop._combined_loader.flattened if fit_loop._combined_loader is not None else []
+    skipped = False
+    for loader in loaders:
+        if not isinstance(loader, DataLoader) or isinstance(loader, _Stateful):
+            continue  # a stateful loader restores its own position
+        attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        object.__setattr__(loader, attribute, _SkipFirst(getattr(loader, attribute), batches))
+        _set_sampler_epoch(loader, trainer.current_epoch)
+        skipped = True
+    if skipped and fit_loop._data_fetcher is not None:
+        iter(fit_loop._data_fetcher)  # iterators over the wrapped samplers

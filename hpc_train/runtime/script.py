@@ -237,7 +237,8 @@ def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
     saved = dict(os.environ), list(sys.argv), list(sys.path)
     for key in TORCHRUN_VARIABLES:
         os.environ.pop(key, None)
-    os.environ.update(variables)
+    # One rank, and no launcher side to hold the store: the script's rank 0 hosts its own, as under plain python.
+    os.environ.update({k: v for k, v in variables.items() if k != "TORCHELASTIC_USE_AGENT_STORE"})
     code = 0
     try:
         if script.module:
@@ -330,11 +331,15 @@ def _hint(cfg: Config, stderr: str) -> str:
 
 class _Files:
     """A bounded look at the files under the run dir and the working directory, to tell whether a script that
-    exited 0 wrote anything (hpc_train's own folders aside). Too many files to look at: it cannot tell, and says
-    that something changed."""
+    exited 0 wrote anything, hpc_train's own folders aside. A new file is a sign of training. So is a file that
+    changed, unless it is console output, which grows whatever the script does: a log-like name (``.log``,
+    ``.out``, ``.err``, ``.txt``: ``> train.log``, ``| tee``, Slurm's ``slurm-<job>.out``) or the stdout or
+    stderr of this process or one it descends from. Too many files to look at: it cannot tell, and says that
+    something changed (no warning)."""
 
     LIMIT = 20000
     DEPTH = 4
+    CONSOLE_SUFFIXES = (".log", ".out", ".err", ".txt")
 
     def __init__(self, roots: list[Path], skip: set[Path]) -> None:
         self.roots, self.skip = roots, skip
@@ -370,9 +375,32 @@ class _Files:
         return seen
 
     def changed(self) -> bool:
-        """Whether a file appeared or changed since the snapshot (True when either look could not tell)."""
+        """Whether a file appeared, or one that is not console output changed, since the snapshot (True when
+        either look could not tell)."""
         now = self._look()
-        return self.seen is None or now is None or any(self.seen.get(path) != mtime for path, mtime in now.items())
+        if self.seen is None or now is None:
+            return True
+        console = _console_files()
+        for path, mtime in now.items():
+            if path not in self.seen:
+                return True
+            if self.seen[path] != mtime and not path.endswith(self.CONSOLE_SUFFIXES) and path not in console:
+                return True
+        return False
+
+
+def _console_files() -> set[str]:
+    """The files that this process and the processes it descends from write their stdout and stderr to."""
+    from hpc_train.core.state import parent_pid
+
+    found: set[str] = set()
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1:
+        for fd in (1, 2):
+            with suppress(OSError):
+                found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        pid = parent_pid(pid)
+    return found
 
 
 def _finish(store: Any, env: DistEnv, timeout: timedelta) -> None:

@@ -5,6 +5,7 @@ script signals itself at a chosen step), resumed, and compared bit for bit with 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 import torch
 
 from ..conftest import REPO, Background
+from ..readme_examples import cli_examples
+from .test_readme import SCVI_EXAMPLE
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +49,47 @@ def test_a_stop_at_the_epochs_last_batch_resumes_into_the_next_epoch_exactly(tmp
         torch.load(p / "out" / "final.pt", weights_only=True) for p in (tmp_path / "stopped", baseline.ready())
     )
     assert all(torch.equal(final[k], expected[k]) for k in expected), "the resumed run's weights differ"
+
+
+def scvi_command(root: Path, *extra: str) -> list[str]:
+    """The README's scvi-tools example as it is written, with its output in ``root`` (and ``extra`` arguments)."""
+    readme = next(args for args in cli_examples() if SCVI_EXAMPLE in args)
+    overrides = [a for a in readme if not a.startswith("script.args=")]
+    args = ",".join(["--out", str(root / "out"), *extra])
+    return [sys.executable, "-m", "hpc_train", f"hydra.run.dir={root / 'run'}", *overrides, f"script.args=[{args}]"]
+
+
+def test_scvi_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    """scvi-tools' SCVI through its own train(), on 2 ranks: its AnnDataLoader is a plain DataLoader, not a
+    resumable one, and its model draws latent noise from the global RNG. Stopped in the middle of an epoch and
+    resumed, it ends with the uninterrupted run's weights, bit for bit, and model.history has every epoch. The
+    uninterrupted run is the README's example, whole (test_readme leaves it to this test)."""
+    pytest.importorskip("scvi", reason="from the test extra: pip install -e '.[test]'")
+    baseline = Background(scvi_command(tmp_path / "baseline"), tmp_path / "baseline", tmp_path / "baseline.out")
+    # 576 training cells over 2 ranks in batches of 32: 9 steps an epoch. Signalled at step 13, the ranks agree
+    # at 15: the 6th batch of the second epoch, so 3 batches of that epoch are left for the resumed run.
+    first = subprocess.run(
+        scvi_command(tmp_path / "stopped", "--signal-at", "13"), capture_output=True, text=True, timeout=600
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "stopped" / "out"
+    assert [p.name for p in out.glob("hpc_ckpt_*.ckpt")] == ["hpc_ckpt_15.ckpt"]
+    assert not (out / "final.pt").exists()  # the callback ended the script before the line after train()
+    # scvi prints every exception out of fit(), the callback's exit included: the line says what happened.
+    assert "hpc_train: stopped on a signal at step 15, saved" in first.stdout + first.stderr
+    run_scvi = subprocess.run(
+        scvi_command(tmp_path / "stopped", "--signal-at", "13"), capture_output=True, text=True, timeout=600
+    )
+    assert run_scvi.returncode == 0, run_scvi.stderr[-3000:]
+    assert (out / "starts.txt").read_text().split() == ["0", "15"]
+    final, expected = (
+        torch.load(p / "out" / "final.pt", weights_only=True) for p in (tmp_path / "stopped", baseline.ready())
+    )
+    difference = max((final[k].double() - expected[k].double()).abs().max().item() for k in expected)
+    assert difference == 0.0, f"the resumed SCVI model is {difference:.3g} away from the uninterrupted one"
+    history, whole = (
+        json.loads((p / "out" / "history.json").read_text()) for p in (tmp_path / "stopped", tmp_path / "baseline")
+    )
+    assert len(history["elbo_train"]) == len(whole["elbo_train"]) == 4, history
+    # Epoch 1 was split by the stop: its logged mean covers only the batches after the resume.
+    assert [history["elbo_train"][e] for e in (0, 2, 3)] == [whole["elbo_train"][e] for e in (0, 2, 3)]

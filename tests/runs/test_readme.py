@@ -21,7 +21,9 @@ from ..readme_examples import (
 )
 
 README = (REPO / "README.md").read_text()
-LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args)]
+SCVI_EXAMPLE = "script.module=hpc_train.examples.scvi_script"
+"""Run whole, as the uninterrupted baseline of tests/runs/test_framework_preemption.py's scvi-tools test."""
+LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args) and SCVI_EXAMPLE not in args]
 
 
 def test_readme_opens_with_the_two_commands() -> None:
@@ -61,7 +63,7 @@ def test_local_examples_run(args: list[str], run_cli, tmp_path: Path) -> None:  
     proc, run_dir = run_cli(*shrunk(args))
     assert proc.returncode == 0, proc.stderr[-3000:]
     if any(a.startswith("script.") for a in args):  # the user's script trains; hpc_train only runs it
-        assert "all 2 ranks completed" in proc.stdout
+        assert "completed" in proc.stdout.strip().splitlines()[-1], proc.stdout[-2000:]
     else:
         assert (Path(run_dir) / "model_final.pt").is_file()
 

@@ -78,6 +78,18 @@ def test_a_written_file_is_a_sign_of_training_and_hpc_trains_own_are_not(
     (tmp_path / "work" / "ckpt").mkdir()
     (tmp_path / "work" / "ckpt" / "model.pt").write_text("w")
     assert files.changed()
+    # Console output grows whatever the script does: `> train.log` in the working directory, Slurm's output...
+    (tmp_path / "work" / "train.log").write_text("")
+    (tmp_path / "work" / "console").write_text("")
+    files = _Files.snapshot(rd)
+    time.sleep(0.01)
+    (tmp_path / "work" / "train.log").write_text("more output")
+    assert not files.changed()
+    # ...and so does a file that this process (or one it descends from) writes its stdout to, whatever its name.
+    with (tmp_path / "work" / "console").open("w") as console:
+        child = [sys.executable, "-c", "from hpc_train.runtime.script import _console_files; print(_console_files())"]
+        subprocess.run(child, stdout=console, check=True)
+    assert str(tmp_path / "work" / "console") in (tmp_path / "work" / "console").read_text()
     monkeypatch.setattr(_Files, "LIMIT", 1)  # too many to look at: it cannot tell, and does not flag
     assert _Files.snapshot(rd).changed()
 
