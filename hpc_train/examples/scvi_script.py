@@ -11,15 +11,13 @@ first attempt send itself the preemption signal at a given step.
 import argparse
 import json
 import os
-import signal
 
 import anndata
-import lightning.pytorch as pl
 import numpy as np
 import scvi
 import torch
 
-from hpc_train import preemption
+from hpc_train.examples.lightning_script import Progress  # test instrumentation, shared with that example
 from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint, trainer_shape
 
 
@@ -29,26 +27,6 @@ def counts(cells: int, genes: int) -> anndata.AnnData:
     rates = rng.gamma(2.0, 1.0, size=(2, genes))
     kind = rng.integers(0, 2, size=cells)
     return anndata.AnnData(rng.poisson(rates[kind]).astype(np.float32))
-
-
-class Progress(pl.Callback):
-    """Test instrumentation: where the run is, and a signal to itself at ``--signal-at``."""
-
-    def __init__(self, out: str, signal_at: int) -> None:
-        self.out, self.signal_at, self.started = out, signal_at, False
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.is_global_zero and not self.started:
-            with open(os.path.join(self.out, "starts.txt"), "a") as f:
-                f.write(f"{trainer.global_step}\n")
-        self.started = True
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.signal_at and preemption.restart_count() == 0:
-            os.kill(os.getpid(), signal.SIGUSR2)  # as Slurm would, on every rank
-        if trainer.is_global_zero:
-            with open(os.path.join(self.out, "step.txt"), "w") as f:
-                f.write(f"{trainer.global_step}\n")
 
 
 def main() -> None:
@@ -70,7 +48,7 @@ def main() -> None:
         accelerator="cpu",
         **trainer_shape(),  # hpc_train: devices and num_nodes = the ranks hpc_train started
         strategy="ddp_find_unused_parameters_true",  # hpc_train: DDP over them (bit-identical resume)
-        callbacks=[PreemptionCallback(), Progress(args.out, args.signal_at)],  # hpc_train: stop, save, requeue
+        callbacks=[PreemptionCallback(), Progress(args.out, 0.0, args.signal_at)],  # hpc_train: stop, save, requeue
         default_root_dir=args.out,  # hpc_train: this run's own folder for the hpc_ckpt_<step>.ckpt files
         ckpt_path=last_checkpoint(args.out),  # hpc_train: resume from the newest (None on the first attempt)
         enable_progress_bar=False,
