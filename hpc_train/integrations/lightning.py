@@ -159,21 +159,21 @@ class PreemptionCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         preemption.reclaim_signals()
         resume, self._resume = self._resume, {}
-        if not resume:
+        if "random" not in resume:  # not a stop checkpoint of this callback: Lightning's own resume
             return
+        if trainer.is_global_zero:
+            _restore_history(trainer, resume.get("history", {}))
         world = trainer.world_size
-        if len(resume.get("random", [])) != world:
+        if len(resume["random"]) != world:
             _warn(
                 trainer,
-                f"the stop checkpoint was written by {len(resume.get('random', []))} ranks and {world} resume it: "
-                "the random state and the rest of the epoch start afresh",
+                f"the stop checkpoint was written by {len(resume['random'])} ranks and {world} resume it: the "
+                "random state and the rest of the epoch start afresh",
             )
             return
         self._random_pending = resume["random"][trainer.global_rank]
         if trainer.current_epoch == resume["epoch"]:
             _skip_trained_batches(trainer, int(resume["batches"]))
-        if trainer.is_global_zero:
-            _restore_history(trainer, resume.get("history", {}))
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -333,7 +333,7 @@ def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
     (set first: Lightning sets it only after this hook), and the iterators are made anew."""
     from lightning.fabric.utilities.data import _set_sampler_epoch
     from lightning.fabric.utilities.types import _Stateful
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, IterableDataset
 
     fit_loop = trainer.fit_loop
     loaders = fit_loop._combined_loader.flattened if fit_loop._combined_loader is not None else []
@@ -341,6 +341,8 @@ def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
     for loader in loaders:
         if not isinstance(loader, DataLoader) or isinstance(loader, _Stateful):
             continue  # a stateful loader restores its own position
+        if isinstance(loader.dataset, IterableDataset):
+            continue  # its order is the dataset's own: no sampler to skip in
         attribute = "batch_sampler" if loader.batch_sampler is not None else "sampler"
         object.__setattr__(loader, attribute, _SkipFirst(getattr(loader, attribute), batches))
         _set_sampler_epoch(loader, trainer.current_epoch)

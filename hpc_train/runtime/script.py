@@ -142,6 +142,8 @@ class _Copy:
         while chunk := os.read(fd, 65536):
             self._write(self._to, chunk)
             lines, _, partial = (partial + chunk).rpartition(b"\n")
+            if len(partial) > self.KEEP:  # no newline for long (a progress bar's \r updates): written as it is
+                lines, partial = lines + b"\n" + partial if lines else partial, b""
             if lines:
                 self._write(self._log, lines + b"\n")
             self._kept = (self._kept + chunk)[-self.KEEP :]
@@ -190,13 +192,20 @@ def run_script(
     stops = {int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(",")}
     inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
     log_fd = None if log_path is None else os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    # A terminal (cluster=debug with script.command) keeps the script's stdout: it stays line-buffered there.
+    # stderr is always copied, for the failure report.
+    to_terminal = os.isatty(sys.stdout.fileno())
     try:
         child = subprocess.Popen(
-            script_argv(script), env={**inherited, **variables}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            script_argv(script),
+            env={**inherited, **variables},
+            stdout=None if to_terminal else subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-        assert child.stdout is not None and child.stderr is not None
-        stdout = _Copy(child.stdout, sys.stdout.fileno(), log_fd, "stdout")
-        stderr = _Copy(child.stderr, sys.stderr.fileno(), log_fd, "stderr")
+        assert child.stderr is not None
+        copies = [_Copy(child.stderr, sys.stderr.fileno(), log_fd, "stderr")]
+        if child.stdout is not None:
+            copies.append(_Copy(child.stdout, sys.stdout.fileno(), log_fd, "stdout"))
         stopped_by = 0
 
         def forward(signum: int, frame: FrameType | None) -> None:
@@ -215,9 +224,9 @@ def run_script(
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        for copy in (stdout, stderr):  # both end before the log is closed
+        for copy in copies:  # every copy ends before the log is closed
             copy.wait()
-        tail = stderr.tail()
+        tail = copies[0].tail()
     finally:
         if log_fd is not None:
             os.close(log_fd)

@@ -123,3 +123,34 @@ def test_lightning_trainer_must_have_the_shape_of_the_job(monkeypatch: pytest.Mo
     assert "HINT: L.Trainer(**trainer_shape(), ...)" in refused
     assert 'devices=int(os.environ["LOCAL_WORLD_SIZE"])' in refused
     assert 'num_nodes=int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"])' in refused
+
+
+def test_lightning_resume_parts_the_sampler_skip_and_the_random_state(tmp_path: Path) -> None:
+    """What the Lightning callback adds for an exact mid-epoch resume, piece by piece: the resumed epoch skips its
+    trained batches once, in the epoch's own order; every random state comes back from a weights-only load."""
+    pytest.importorskip("lightning", reason="from the test extra: pip install -e '.[test]'")
+    proc = python(f"""
+        import random
+        import numpy as np, torch
+        from torch.utils.data import DistributedSampler, TensorDataset
+        from hpc_train.integrations.lightning import _SkipFirst, _random_state, _set_random_state
+
+        sampler = DistributedSampler(TensorDataset(torch.arange(20)), num_replicas=2, rank=1, shuffle=True, seed=3)
+        sampler.set_epoch(2)
+        whole = list(sampler)
+        skipping = _SkipFirst(sampler, 4)
+        skipping.set_epoch(2)  # the sampler's own methods go through
+        assert len(skipping) == len(sampler) == 10  # Lightning counts the epoch whole
+        assert list(skipping) == whole[4:], list(skipping)  # the epoch's own order, from its 5th item
+        assert list(skipping) == whole  # once: the next epoch is whole
+
+        torch.manual_seed(1), np.random.seed(2), random.seed(3)
+        torch.save({{"random": [_random_state()]}}, {str(tmp_path / "state.pt")!r})
+        expected = torch.rand(3), np.random.rand(3), random.random()
+        torch.manual_seed(9), np.random.seed(9), random.seed(9)
+        _set_random_state(torch.load({str(tmp_path / "state.pt")!r}, weights_only=True)["random"][0])
+        again = torch.rand(3), np.random.rand(3), random.random()
+        assert torch.equal(expected[0], again[0]) and (expected[1] == again[1]).all() and expected[2] == again[2]
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok"], proc.stderr[-3000:]

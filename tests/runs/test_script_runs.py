@@ -102,12 +102,21 @@ def test_a_script_that_branches_on_local_rank_runs_as_one_plain_process(run_cli,
 
 
 def test_a_script_that_exits_0_without_training_is_flagged(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    script = _script(tmp_path, "launcher.py", DOES_NOTHING)
-    proc, run_dir = run_cli("cluster.tasks_per_node=1", f"script.path={script}")
+    """An executable that exits 0 without training (as `deepliif trainlaunch` does), run through script.command
+    from PATH; `jobs status` still reads the finished run once that executable is gone."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    launcher = bin_dir / "trainlaunch"
+    launcher.write_text(f"#!{sys.executable}\n{DOES_NOTHING}")
+    launcher.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    proc, run_dir = run_cli("cluster.tasks_per_node=1", "script.command=trainlaunch", env={"PATH": path})
     assert proc.returncode == 0, proc.stderr[-3000:]
     warning = next(line for line in proc.stderr.splitlines() if line.startswith("hpc_train: warning:"))
-    assert "exited 0 after" in warning and "with no progress reported" in warning, warning
+    assert "trainlaunch exited 0 after" in warning and "with no progress reported" in warning, warning
+    launcher.unlink()
     status = _jobs("status", "--json", str(run_dir))
+    assert status.returncode == 0, status.stderr
     detail = json.loads(status.stdout)[0]["detail"]
     assert detail.startswith("every rank completed") and "no progress reported" in detail, detail
 

@@ -23,7 +23,14 @@ from ..readme_examples import code_blocks
 pytestmark = pytest.mark.slow
 
 TORCH = "torch==2.13.0"  # first, on its own: an unpinned torch would pull GBs of CUDA packages
-EXAMPLES = ["__init__.py", "ddp_tutorial.py", "hf_trainer.py", "lightning_script.py", "preemptible_loop.py"]
+EXAMPLES = [
+    "__init__.py",
+    "ddp_tutorial.py",
+    "hf_trainer.py",
+    "lightning_script.py",
+    "preemptible_loop.py",
+    "scvi_script.py",
+]
 """hpc_train/examples/: the scripts the README runs and points users to."""
 CACHE = Path(os.environ.get("HPC_TRAIN_TEST_CACHE", Path.home() / ".cache" / "hpc-train-tests"))
 """Where the wheel test keeps its venv between sessions (see ``installed``)."""
