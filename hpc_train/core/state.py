@@ -26,6 +26,7 @@ __all__ = [
     "all_ranks",
     "check_status",
     "child_pids",
+    "completion_notes",
     "is_live",
     "never_started",
     "parent_pid",
@@ -115,6 +116,12 @@ def _proc_stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()  # the command name, in parentheses, may hold spaces and ")"
+
+
+def completion_notes(statuses: Statuses) -> list[str]:
+    """The doubts the ranks noted about a run that completed (a script that exited 0 with no sign of having
+    trained), each once."""
+    return sorted({str(s["note"]) for s in statuses.values() if s.get("note")})
 
 
 def parent_pid(pid: int) -> int | None:

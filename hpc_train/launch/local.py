@@ -48,6 +48,7 @@ from hpc_train.core.state import (
     RankState,
     all_ranks,
     child_pids,
+    completion_notes,
     pid_alive,
     process_start,
     rank_failures,
@@ -452,9 +453,8 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
     statuses = run_dir.read_statuses()
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         who = "the rank" if world_size == 1 else f"all {world_size} ranks"
-        notes = sorted({str(s["note"]) for s in statuses.values() if s.get("note")})
         print(f"hpc_train: {who} completed. Run dir: {run_dir.path}", flush=True)
-        for note in notes:  # a script that exited 0 with no sign of having trained
+        for note in completion_notes(statuses):  # a script that exited 0 with no sign of having trained
             print(f"hpc_train: warning: {note}", file=sys.stderr, flush=True)
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):

@@ -21,6 +21,7 @@ from hpc_train.core.state import (
     RankFailure,
     RankState,
     all_ranks,
+    completion_notes,
     is_live,
     never_started,
     rank_failures,
@@ -194,8 +195,8 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         retried = notes if len(attempts) > 1 else []
-        doubts = sorted({str(s["note"]) for s in statuses.values() if s.get("note")})  # no sign of training
-        detail = "; ".join(["every rank completed", *retried, *(f"warning: {d}" for d in doubts)])
+        doubts = [f"warning: {note}" for note in completion_notes(statuses)]  # no sign of training
+        detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)
     failures = _reported_failures(statuses)
     if squeue in ACTIVE_STATES:
