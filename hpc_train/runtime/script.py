@@ -346,7 +346,9 @@ class _Files:
     stderr of this process or one it descends from. Too many files to look at: it cannot tell, and says that
     something changed (no warning)."""
 
-    LIMIT = 20000
+    LIMIT = 5000
+    """Files looked at, at most, before the script starts and after it ends: each is a stat, which on a shared
+    file system costs about a millisecond, and the script's start waits for the first look."""
     DEPTH = 4
     CONSOLE_SUFFIXES = (".log", ".out", ".err", ".txt")
 
