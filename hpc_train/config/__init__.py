@@ -15,8 +15,9 @@ The modules, from the bottom up:
 
 - ``checks``: the bounds values must fit and the ``Checked`` mixin every group's checks use;
 - ``sizes``: the memory-size grammar of ``cluster.slurm.mem``;
-- ``cluster``, ``training``, ``options``: the groups' schemas (``cluster`` with its Slurm-only ``cluster.slurm``;
-  ``data`` and ``trainer``; ``model`` and ``optim``), each with its own checks;
+- ``cluster``, ``training``, ``options``, ``tracking``: the groups' schemas (``cluster`` with its Slurm-only
+  ``cluster.slurm``; ``data`` and ``trainer``; ``model`` and ``optim``; the experiment trackers), each with its
+  own checks;
 - ``schema``: ``Config``, the whole job, with the rules that span groups, ``resolve`` and ``RESUME_SAFE_KEYS``;
 - ``load``: ``config_from_dict`` / ``load_config`` and the translation of OmegaConf's errors;
 - ``overrides``: the checks of command-line overrides before Hydra composes, and the rewrite of the old flat
@@ -73,6 +74,7 @@ from hpc_train.config.overrides import (
 from hpc_train.config.registry import CONFIG_MODULE, register_configs
 from hpc_train.config.schema import RESUME_SAFE_KEYS, Config, ScriptConfig, resolve
 from hpc_train.config.sizes import mem_mb
+from hpc_train.config.tracking import WANDB_MODES, MlflowConfig, TrackingConfig, WandbConfig
 from hpc_train.config.training import (
     DEVICES,
     LR_SCALING,
@@ -107,6 +109,7 @@ __all__ = [
     "STOP_SIGNALS",
     "STRATEGIES",
     "SUBMIT_MODES",
+    "WANDB_MODES",
     "YEAR_MIN",
     "YEAR_S",
     "AdamWConfig",
@@ -117,12 +120,15 @@ __all__ = [
     "DataConfig",
     "EarlyStoppingConfig",
     "MLPConfig",
+    "MlflowConfig",
     "SGDConfig",
     "ScheduleConfig",
     "ScriptConfig",
     "SlurmConfig",
+    "TrackingConfig",
     "TrainerConfig",
     "TransformerConfig",
+    "WandbConfig",
     "check_override_keys",
     "check_override_syntax",
     "check_overrides",

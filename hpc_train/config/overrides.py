@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_train.config.cluster import SLURM_ONLY, ClusterConfig
 from hpc_train.config.options import MODEL_SCHEMAS, OPTIM_SCHEMAS
 from hpc_train.config.schema import ScriptConfig
+from hpc_train.config.tracking import TrackingConfig
 from hpc_train.config.training import DataConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
 
@@ -35,6 +36,7 @@ _TYPED_GROUPS: dict[str, type[Any]] = {
     "data": DataConfig,
     "trainer": TrainerConfig,
     "script": ScriptConfig,
+    "tracking": TrackingConfig,
 }
 
 

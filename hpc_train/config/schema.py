@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from hpc_train.config.checks import Checked, shell_words
 from hpc_train.config.cluster import ClusterConfig
 from hpc_train.config.options import CNNConfig, TransformerConfig
+from hpc_train.config.tracking import TrackingConfig
 from hpc_train.config.training import DataConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
 
@@ -96,6 +97,12 @@ RESUME_SAFE_KEYS = (
     "trainer.profile_steps",
     "trainer.early_stopping.patience",
     "trainer.init_from",  # read only when the run dir has no checkpoint of its own
+    # A tracker added or changed later gets the run from then on (the run dir keeps one run per tracker store).
+    "tracking.mlflow.uri",
+    "tracking.mlflow.experiment",
+    "tracking.wandb.project",
+    "tracking.wandb.mode",
+    "tracking.wandb.entity",
     "cluster.timeout_min",
     "cluster.failure_grace_s",
     "cluster.slurm.submit",
@@ -141,6 +148,7 @@ class Config:
     """One of MODEL_SCHEMAS, or your own model as {_target_: pkg.Net, ...} (a dict)."""
     optim: Any = MISSING
     script: ScriptConfig = field(default_factory=ScriptConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         shape = list(self.data.input_shape)

@@ -12,6 +12,7 @@ damaged record and says what was not: that is what ``jobs status`` lists under "
     status/allocations.json    [Allocation]
     status/restarts.json       [RequeueEntry]
     status/bad_nodes.json      [BadNode]
+    status/trackers.json       [TrackerRun]
 
 ``RunDir`` (``hpc_train.core.rundir``) reads and writes them.
 """
@@ -40,6 +41,7 @@ __all__ = [
     "RecordError",
     "RequeueEntry",
     "Reshape",
+    "TrackerRun",
 ]
 
 RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
@@ -433,6 +435,32 @@ class Reshape(_Record):
         "onto": _Key("is not a string", _string, required=True),
         "time": _TIME,
         "why": _Key("is not a string", _string),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackerRun(_Record):
+    """The experiment tracker run that holds a run dir (``status/trackers.json``): created once, before the first
+    attempt, and reused by every later one (requeue, restart, resubmission, another shape)."""
+
+    tracker: str
+    """mlflow or wandb."""
+    store: str
+    """Where the run lives: MLflow's tracking URI; W&B's entity/project (entity empty for the default)."""
+    run_id: str
+    experiment: str = ""
+    """MLflow: the experiment's name."""
+    logged_step: int | None = None
+    """The latest step rank 0 has logged to it: a resumed attempt does not log the steps it trains again."""
+    created: float | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "tracker": _Key("is not a tracker name", _string, required=True),
+        "store": _Key("is not a string", _string, required=True),
+        "run_id": _Key("is not a run id", _string, required=True),
+        "experiment": _Key("is not a string", _string),
+        "logged_step": _STEP,
+        "created": _TIME,
     }
 
 

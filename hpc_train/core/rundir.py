@@ -22,6 +22,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
     status/goodput.json        the goodput ledger: allocated time, productive time, time lost, ettr
     status/bad_nodes.json      the nodes blamed for a failure, left out of later attempts when spares allow
+    status/trackers.json       the MLflow / W&B run that holds this run dir, and the latest step logged to it
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
     status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
                                through hpc_train.preemption)
@@ -55,6 +56,7 @@ from hpc_train.core.records import (
     RankStatus,
     RequeueEntry,
     Reshape,
+    TrackerRun,
 )
 from hpc_train.core.state import check_status, process_start
 
@@ -79,7 +81,7 @@ BATCH_EXIT = "status/batch_exit.json"
 _CHECKPOINT_GLOB = "step_*.pt"
 
 
-_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape)
+_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun)
 
 
 def _read_list(path: Path) -> list[dict[str, Any]]:
@@ -409,6 +411,24 @@ class RunDir:
         history = [*self.requeue_records(), entry]
         write_json_atomic(self.restarts, [e.to_json() for e in history])
         return history
+
+    @property
+    def trackers(self) -> Path:
+        """The experiment tracker runs of this run dir (``TrackerRun``): one per tracker and store."""
+        return self.status_dir / "trackers.json"
+
+    def tracker_runs(self) -> list[TrackerRun]:
+        return _checked_list(self.trackers, TrackerRun, "trackers")[0]
+
+    def tracker_run(self, tracker: str, store: str) -> TrackerRun | None:
+        """The run of ``tracker`` in ``store`` (None: not created yet)."""
+        return next((r for r in self.tracker_runs() if (r.tracker, r.store) == (tracker, store)), None)
+
+    def write_tracker_run(self, run: TrackerRun) -> None:
+        """Add ``run``, or replace the entry of its tracker and store."""
+        others = [r for r in self.tracker_runs() if (r.tracker, r.store) != (run.tracker, run.store)]
+        self.status_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.trackers, [r.to_json() for r in [*others, run]])
 
     # ---- rank states --------------------------------------------------------------------------------------
 

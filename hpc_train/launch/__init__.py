@@ -24,6 +24,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks
 from hpc_train.launch.reshape import record_reshape, reshaped
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
+from hpc_train.tracking import ensure_runs
 
 __all__ = ["claim_run_dir", "finished_step", "launch", "make_private", "slurm_probe", "write_config"]
 
@@ -240,5 +241,7 @@ def launch(cfg: Config, run_dir: RunDir) -> int:
     from hpc_train.launch.local import launch_debug, launch_local
     from hpc_train.launch.slurm import launch_slurm
 
+    if not (cfg.cluster.launcher == "slurm" and cfg.cluster.slurm.dry_run):
+        ensure_runs(run_dir, cfg)  # the tracker runs, once, before the first attempt (and a script's variables)
     launchers = {"local": launch_local, "debug": launch_debug, "slurm": launch_slurm}
     return launchers[cfg.cluster.launcher](cfg, run_dir)

@@ -32,6 +32,7 @@ __all__ = [
     "check_init_from",
     "check_paths",
     "check_targets",
+    "check_trackers",
     "preflight",
     "script_file",
     "usable_cores",
@@ -48,7 +49,23 @@ def preflight(cfg: Config) -> Config:
     check_cpus(cfg)
     check_targets(cfg)
     check_init_from(cfg)
+    check_trackers(cfg)
     return cfg
+
+
+def check_trackers(cfg: Config) -> None:
+    """Each tracker the config names has its package here: the launcher creates the tracker's run, and the
+    ranks log to it (an optional extra of hpc-train, imported only when configured)."""
+    from hpc_train.tracking import missing_packages
+
+    for key, extra in missing_packages(cfg.tracking):
+        value = cfg.tracking.mlflow.uri if key.startswith("tracking.mlflow") else cfg.tracking.wandb.project
+        raise invalid(
+            key,
+            value,
+            f"the {extra} package is not installed in this environment ({sys.executable})",
+            f"pip install 'hpc-train[{extra}]' into the environment the job runs in, or remove {key}",
+        )
 
 
 def check_paths(cfg: Config) -> Config:

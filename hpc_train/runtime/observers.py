@@ -1,18 +1,20 @@
 """What the runtime watches of training (``StepObserver``s the worker composes and passes to the trainer):
-the watchdog's kick, the rank's heartbeat status and rank 0's goodput progress file."""
+the watchdog's kick, the rank's heartbeat status, rank 0's goodput progress file and rank 0's trackers."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from hpc_train.core.records import Progress
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
+from hpc_train.tracking import TrackerLog
 from hpc_train.train.hooks import StepObserver
 from hpc_train.train.watchdog import Watchdog
 
-__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile"]
+__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile", "TrackerRows"]
 
 PROGRESS_EVERY_S = 1.0
 """How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
@@ -81,3 +83,16 @@ class ProgressFile(StepObserver):
             checkpoint_time=saved_time,
         )
         self.run_dir.write_progress(self.rank, record)
+
+
+class TrackerRows(StepObserver):
+    """Rank 0's metrics rows, to the run dir's MLflow / W&B runs (``hpc_train.tracking.TrackerLog``)."""
+
+    def __init__(self, trackers: TrackerLog) -> None:
+        self.trackers = trackers
+
+    def on_start(self, step: int) -> None:
+        self.trackers.start(step)
+
+    def on_metrics(self, row: Mapping[str, Any]) -> None:
+        self.trackers.row(row)

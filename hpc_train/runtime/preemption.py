@@ -30,7 +30,7 @@ from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.stopping import StopSignals
 
-__all__ = ["reclaim_signals", "restart_count", "should_stop", "stop_signal", "wait_for_all"]
+__all__ = ["reclaim_signals", "restart_count", "should_stop", "stop_signal", "tracker_run_ids", "wait_for_all"]
 
 _DEFAULT_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
@@ -51,6 +51,16 @@ _first_time = 0.0
 _reported_at = 0.0
 REPORT_EVERY_S = 1.0
 """How often the latest step is written for the goodput ledger (each write is one small file rename)."""
+
+
+def tracker_run_ids() -> dict[str, str]:
+    """The run dir's experiment tracker runs, for a hand-written loop that logs to them itself: ``{"mlflow":
+    run id, "wandb": run id}`` for each tracker the config names (``tracking.*``). Every attempt gets the same
+    ids: pass them to ``mlflow.start_run(run_id=...)`` or ``wandb.init(id=..., resume="allow")``, and log each
+    step with its number. hpc_train gives a script the same ids as MLFLOW_RUN_ID and WANDB_RUN_ID, which
+    ``mlflow.start_run()`` and ``wandb.init()`` read without any argument."""
+    variables = {"mlflow": "MLFLOW_RUN_ID", "wandb": "WANDB_RUN_ID"}
+    return {tracker: os.environ[name] for tracker, name in variables.items() if os.environ.get(name)}
 
 
 def restart_count() -> int:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +46,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit
+from hpc_train.tracking import script_environment
 from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = ["ScriptError", "ScriptRun", "run_script", "run_user_script", "torchrun_environment"]
@@ -174,6 +176,7 @@ def run_script(
     attempt: int = 0,
     early_stop: StopSignals | None = None,
     log_path: Path | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> ScriptRun:
     """Run the script as a child process with the torchrun environment, until it exits.
 
@@ -188,7 +191,7 @@ def run_script(
     store = dist.TCPStore(  # type: ignore[attr-defined]
         env.master_addr, env.master_port, is_master=env.rank == 0, timeout=timeout, wait_for_workers=False
     )
-    variables = torchrun_environment(env, cluster, run_dir, attempt, torchrun=script.torchrun_env)
+    variables = {**(extra or {}), **torchrun_environment(env, cluster, run_dir, attempt, torchrun=script.torchrun_env)}
     stops = {int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(",")}
     inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
     log_fd = None if log_path is None else os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -289,13 +292,16 @@ def run_user_script(
     timeout = timedelta(seconds=cfg.trainer.dist_timeout_s)
     before = _Files.snapshot(rd) if env.is_main else None
     started = time.monotonic()
+    # The run dir's tracker runs, as the trackers' own libraries read them (MLFLOW_RUN_ID, WANDB_RUN_ID, ...).
+    trackers = script_environment(rd, cfg)
     if cfg.cluster.launcher == "debug" and not cfg.script.command:
-        run = run_here(
-            cfg.script, torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)
-        )
+        variables = torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)
+        run = run_here(cfg.script, trackers | variables)
     else:
         log_path = rd.rank_log(env.rank, job.attempt)
-        run = run_script(cfg.script, env, cfg.cluster, str(rd.path), timeout, job.attempt, early_stop, log_path)
+        run = run_script(
+            cfg.script, env, cfg.cluster, str(rd.path), timeout, job.attempt, early_stop, log_path, extra=trackers
+        )
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
     start = None if first is None else first - 1

@@ -43,6 +43,7 @@ from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
 from hpc_train.runtime.srun import SrunStep, say, step_argv
+from hpc_train.tracking import ensure_runs
 from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "step_argv", "supervise"]
@@ -82,6 +83,9 @@ class Supervisor:
     def run(self) -> int:
         self.signals.install()
         self.ledger.begin()
+        # The tracker runs, if the submission could not create them (a sweep's elements, an unreachable server):
+        # before the first attempt, so that a script's ranks get their ids.
+        ensure_runs(self.rd, self.cfg)
         try:
             return self._loop()
         finally:

@@ -30,6 +30,7 @@ from hpc_train.runtime.logs import setup_logging
 from hpc_train.runtime.outcome import Fit, Outcome
 from hpc_train.runtime.script import ScriptError
 from hpc_train.runtime.startup import Startup
+from hpc_train.tracking import TrackerLog
 
 if TYPE_CHECKING:
     import torch
@@ -97,7 +98,16 @@ def _train(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Sta
     with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
         _publish_rank_table(rd, env, device, job.attempt)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
-        return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault), startup)
+        trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
+        try:
+            fit = _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
+        except BaseException:
+            if trackers is not None:
+                trackers.close("failed")
+            raise
+        if trackers is not None:
+            trackers.close("completed" if fit.completed else "stopped")
+        return fit
 
 
 @contextmanager
@@ -141,15 +151,18 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
         rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
 
 
-def _observers(rd: RunDir, env: DistEnv, job: JobIdentity, watchdog: Watchdog, fault: Fault | None) -> StepObserver:
-    """What watches the trainer: rank 0's goodput progress file, the watchdog, the heartbeat status, and a
-    test's fault (in that order: a fault at step N fires after step N is on record)."""
-    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile
+def _observers(
+    rd: RunDir, env: DistEnv, job: JobIdentity, watchdog: Watchdog, fault: Fault | None, trackers: TrackerLog | None
+) -> StepObserver:
+    """What watches the trainer: rank 0's goodput progress file, the watchdog, the heartbeat status, rank 0's
+    trackers, and a test's fault (in that order: a fault at step N fires after step N is on record)."""
+    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, TrackerRows
     from hpc_train.train.hooks import Observers
 
     progress = [ProgressFile(rd, env.rank)] if env.is_main else []
+    tracking = [TrackerRows(trackers)] if trackers is not None else []
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
-    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *faults)
+    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *faults)
 
 
 def _fit(

@@ -32,6 +32,9 @@ class StepObserver:
     def on_row(self, step: int, memory: Mapping[str, float]) -> None:
         """A metrics row is due at ``step``; ``memory`` is this rank's peak GPU memory (empty on CPU)."""
 
+    def on_metrics(self, row: Mapping[str, Any]) -> None:
+        """A metrics row was written (to ``metrics.jsonl`` on rank 0): its step, train and validation values."""
+
     def on_saved(self, step: int) -> None:
         """The state of ``step`` is on disk (a checkpoint, or the final weights); rank 0 only."""
 
@@ -61,6 +64,10 @@ class Observers(StepObserver):
     def on_row(self, step: int, memory: Mapping[str, float]) -> None:
         for observer in self.observers:
             observer.on_row(step, memory)
+
+    def on_metrics(self, row: Mapping[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_metrics(row)
 
     def on_saved(self, step: int) -> None:
         for observer in self.observers:

@@ -26,8 +26,16 @@ class Observer:
         self._writer: Any = None
         self._profiler: torch.profiler.profile | None = None
         self._profiled = 0
+        self._purge_step: int | None = None
 
-    def start(self) -> None:
+    def start(self, step: int = 0) -> None:
+        """Training starts from ``step`` (0, or the resumed checkpoint's)."""
+        # TensorBoard: an earlier attempt's events past the checkpoint this one resumes from are dropped (its
+        # reader purges, at a writer's start marker, every later event of the same folder), so each step shows
+        # once, with the values of the attempt that kept it.
+        folder = self.run_dir.tensorboard_run
+        if self.main and folder.is_dir() and any(folder.glob("events.out.tfevents.*")):
+            self._purge_step = step + 1
         if not (self.main and self.tc.profile_steps):
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -64,7 +72,8 @@ class Observer:
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only once there is a row
 
-            self._writer = SummaryWriter(str(self.run_dir.tensorboard_run))  # named after the run's overrides
+            # Named after the run's overrides.
+            self._writer = SummaryWriter(str(self.run_dir.tensorboard_run), purge_step=self._purge_step)
         for key, value in row.items():
             if key not in ("step", "epoch") and isinstance(value, int | float) and not isinstance(value, bool):
                 self._writer.add_scalar(key, value, row["step"])

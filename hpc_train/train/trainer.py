@@ -189,7 +189,7 @@ class Trainer:
         self._announce()
         self.window.start()
         self.model.train()
-        self.telemetry.start()
+        self.telemetry.start(self.step)
         self.observer.on_start(self.step)
         # Resumed from a checkpoint taken at the very end, or at an early stop that still holds (the same
         # patience): the run is over; running it again must not train on past it.
@@ -424,6 +424,7 @@ class Trainer:
     def _report(self, row: dict[str, Any]) -> None:
         self.metrics.write(row)
         self.telemetry.scalars(row)
+        self.observer.on_metrics(row)
         if self.env.is_main:
             text = " ".join(f"{k}={_shown(k, v)}" for k, v in row.items())
             self.progress.set_postfix(

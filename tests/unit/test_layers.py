@@ -17,16 +17,29 @@ ALLOWED = {
     "core": set(),
     "config": {"core"},
     "distributed": {"core"},
+    # The experiment trackers' runs and rank 0's logging to them: config and run dir only (no torch).
+    "tracking": {"core", "config"},
     "train": {"core", "config", "distributed"},
-    "runtime": {"core", "config", "distributed", "train"},
+    "runtime": {"core", "config", "distributed", "train", "tracking"},
     # Callbacks for third-party trainers, imported by the user's script; nothing of ours imports them.
-    "integrations": {"core", "config", "distributed", "train", "runtime"},
+    "integrations": {"core", "config", "distributed", "train", "runtime", "tracking"},
     # Launchers start ranks; the ranks build the trainer. So launch stays clear of train (and of torch).
-    "launch": {"core", "config", "distributed", "runtime"},
-    "tools": {"core", "config", "distributed", "train", "runtime", "launch"},
-    "entry": {"core", "config", "distributed", "train", "runtime", "launch", "tools"},
+    "launch": {"core", "config", "distributed", "runtime", "tracking"},
+    "tools": {"core", "config", "distributed", "train", "runtime", "launch", "tracking"},
+    "entry": {"core", "config", "distributed", "train", "runtime", "launch", "tools", "tracking"},
     # Scripts a user runs (script.module=hpc_train.examples.x): user code, which may use any public part.
-    "examples": {"core", "config", "distributed", "train", "runtime", "integrations", "launch", "tools", "entry"},
+    "examples": {
+        "core",
+        "config",
+        "distributed",
+        "train",
+        "runtime",
+        "integrations",
+        "launch",
+        "tools",
+        "entry",
+        "tracking",
+    },
 }
 
 
@@ -38,7 +51,17 @@ def layer_of(module: str) -> str:
     assert parts[0] == "hpc_train", module
     if len(parts) == 1:
         return "entry"  # the package itself
-    if parts[1] in ("core", "distributed", "train", "runtime", "integrations", "launch", "tools", "examples"):
+    if parts[1] in (
+        "core",
+        "distributed",
+        "tracking",
+        "train",
+        "runtime",
+        "integrations",
+        "launch",
+        "tools",
+        "examples",
+    ):
         return parts[1]
     if parts[1] in ("config", "conf"):
         return "config"

@@ -1,0 +1,120 @@
+"""Experiment trackers across attempts, with real stores: one MLflow run per run dir and every step once, after a
+crash that makes the resumed attempt train (and log) steps again; TensorBoard purges the redone steps."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpc_train.core.rundir import RunDir
+
+pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
+
+# Rows every 5 steps, a checkpoint every 15: a failure at step 23 leaves rows 5..20 logged and the checkpoint
+# of step 15, so the resumed attempt trains step 20 again (and must not log it twice).
+JOB = [
+    "trainer.max_steps=30",
+    "trainer.max_epochs=0",
+    "data.num_samples=1400",
+    "trainer.batch_size=32",
+    "trainer.log_every_n_steps=5",
+    "trainer.checkpoint_every_n_steps=15",
+    "trainer.val_every_n_steps=10",
+    "trainer.progress_bar=false",
+    "trainer.plots=false",
+]
+
+
+def rows(run_dir: Path) -> dict[int, dict[str, float]]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_a_failed_and_resumed_run_is_one_mlflow_run_with_every_step_once(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"  # an absolute path: four slashes in all
+    job = [*JOB, f"tracking.mlflow.uri={store}", "tracking.mlflow.experiment=resume-test"]
+    failed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=23,kind=raise"})
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    (created,) = RunDir(run_dir).tracker_runs()
+    assert created.tracker == "mlflow" and created.logged_step == 20, created
+
+    resumed, _ = run_cli(*job, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    (run,) = RunDir(run_dir).tracker_runs()
+    assert (run.run_id, run.logged_step) == (created.run_id, 30)
+
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("resume-test")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run.run_id]  # one run
+    found = client.get_run(run.run_id)
+    assert found.info.status == "FINISHED"
+    assert found.data.tags["hpc_train.run_dir"] == str(run_dir.resolve())
+    assert found.data.params["trainer.max_steps"] == "30" and found.data.params["tracking.mlflow.experiment"]
+    assert "resumed from step 15 after" in found.data.tags["hpc_train.attempt.1"], found.data.tags
+    expected = rows(run_dir)  # the resumed attempt's rows: step 20 trained again, to the same numbers
+    assert {15, 19, 20, 25, 30} <= set(expected)  # (19: the end of the first epoch validates)
+    for key in ("train_loss", "val_loss", "lr"):
+        history = client.get_metric_history(run.run_id, key)
+        steps = [m.step for m in sorted(history, key=lambda m: m.step)]
+        assert steps == [s for s in sorted(expected) if key in expected[s]], (key, steps)  # each step once
+        assert {m.step: m.value for m in history} == pytest.approx({s: expected[s][key] for s in steps})
+
+    # TensorBoard: the failed attempt's events past the checkpoint are purged at the resumed writer's start.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard" / RunDir(run_dir).tensorboard_run.name))
+    events.Reload()
+    scalars = events.Scalars("train_loss")
+    assert [e.step for e in scalars] == sorted(expected)
+    assert [e.value for e in scalars] == pytest.approx([expected[s]["train_loss"] for s in sorted(expected)])
+
+
+def test_a_script_gets_the_run_ids_the_trackers_read(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A user's script sees the run dir's runs as MLFLOW_RUN_ID and WANDB_RUN_ID (with the store, experiment,
+    project, mode and resume=allow), the same on every attempt, and through hpc_train.preemption."""
+    script = tmp_path / "show.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, os, sys
+            from hpc_train import preemption
+            names = ["MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "WANDB_PROJECT", "WANDB_RUN_ID",
+                     "WANDB_RESUME", "WANDB_MODE", "WANDB_DIR"]
+            seen = {n: os.environ.get(n) for n in names} | {"ids": preemption.tracker_run_ids()}
+            with open(sys.argv[1] + "/seen_" + os.environ["RANK"] + "_" + str(preemption.restart_count()), "w") as f:
+                json.dump(seen, f)
+            """
+        )
+    )
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    job = [
+        f"script.path={script}",
+        f"script.args=[{tmp_path}]",
+        f"tracking.mlflow.uri={store}",
+        "tracking.wandb.project=demo",
+        "tracking.wandb.mode=offline",
+    ]
+    for _ in range(2):  # a first launch and a relaunch of the run dir: the same ids
+        proc, run_dir = run_cli(*job, run_dir=tmp_path / "run")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
+    assert set(runs) == {"mlflow", "wandb"}
+    expected = {
+        "MLFLOW_TRACKING_URI": store,
+        "MLFLOW_EXPERIMENT_NAME": "hpc_train",
+        "MLFLOW_RUN_ID": runs["mlflow"].run_id,
+        "WANDB_PROJECT": "demo",
+        "WANDB_RUN_ID": runs["wandb"].run_id,
+        "WANDB_RESUME": "allow",
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(run_dir),
+        "ids": {"mlflow": runs["mlflow"].run_id, "wandb": runs["wandb"].run_id},
+    }
+    for rank in (0, 1):
+        for attempt in (0, 1):
+            assert json.loads((tmp_path / f"seen_{rank}_{attempt}").read_text()) == expected, (rank, attempt)

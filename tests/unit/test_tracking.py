@@ -1,0 +1,118 @@
+"""The tracking config, the run record and what a script gets: pure functions and a run dir on disk."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from hpc_train.config import Config, MlflowConfig, MLPConfig, SGDConfig, TrackingConfig, WandbConfig, config_from_dict
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, RequeueEntry, TrackerRun
+from hpc_train.core.rundir import RunDir
+from hpc_train.launch.preflight import check_trackers
+from hpc_train.tracking import attempt_note, ensure_runs, row_values, script_environment
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "",
+        "http://10.77.0.1:5000",
+        "https://mlflow.example.org",
+        "sqlite:////shared/mlflow.db",
+        "file:///shared/mlruns",
+        "/shared/mlruns",
+        "postgresql://user@db/mlflow",
+        "databricks",
+    ],
+)
+def test_tracking_stores_that_every_node_sees_are_taken(uri: str) -> None:
+    assert MlflowConfig(uri=uri).uri == uri
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("sqlite:///mlflow.db", "absolute path.*sqlite:////abs/path/mlflow.db"),
+        ("mlruns", "absolute path"),
+        ("htp://host:5000", "tracking server"),
+        ("http://host:5000\nrm -rf ~", "control character"),
+    ],
+)
+def test_a_store_that_would_differ_per_node_is_refused_naming_the_key(uri: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=r"tracking\.mlflow\.uri.*" + says):
+        MlflowConfig(uri=uri)
+
+
+def test_wandb_mode_and_names_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"tracking\.wandb\.mode='ofline'.*did you mean 'offline'"):
+        WandbConfig(project="p", mode="ofline")
+    with pytest.raises(ConfigError, match=r"tracking\.wandb\.project='a/b'"):
+        WandbConfig(project="a/b")
+
+
+def test_tracking_keys_come_from_a_saved_config() -> None:
+    raw = OmegaConf.to_container(OmegaConf.structured(Config(model=MLPConfig(), optim=SGDConfig())))
+    assert isinstance(raw, dict)
+    raw["tracking"] = {"mlflow": {"uri": "http://h:5000"}, "wandb": {"project": "p"}}
+    cfg = config_from_dict(raw)
+    assert cfg.tracking.mlflow.enabled and cfg.tracking.wandb.enabled and cfg.tracking.mlflow.experiment == "hpc_train"
+    assert not Config().tracking.enabled
+
+
+def test_a_missing_tracker_package_is_refused_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    cfg = Config(tracking=TrackingConfig(wandb=WandbConfig(project="demo")))
+    with pytest.raises(ConfigError, match=r"tracking\.wandb\.project='demo'.*pip install 'hpc-train\[wandb\]'"):
+        check_trackers(cfg)
+
+
+def test_a_script_gets_the_ids_kept_in_the_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    rd = RunDir(tmp_path)
+    cfg = Config(tracking=TrackingConfig(wandb=WandbConfig(project="demo", mode="offline", entity="team")))
+    (first,) = ensure_runs(rd, cfg)
+    (again,) = ensure_runs(rd, cfg)  # idempotent: the id made once is the one every attempt gets
+    assert first == again and len(first.run_id) == 8 and first.store == "team/demo"
+    assert script_environment(rd, cfg) == {
+        "WANDB_PROJECT": "demo",
+        "WANDB_ENTITY": "team",
+        "WANDB_MODE": "offline",
+        "WANDB_RESUME": "allow",
+        "WANDB_RUN_ID": first.run_id,
+        "WANDB_DIR": str(tmp_path),
+    }
+    monkeypatch.setenv("WANDB_DIR", "/elsewhere")  # the user's own choice stays
+    assert "WANDB_DIR" not in script_environment(rd, cfg)
+    assert script_environment(rd, Config()) == {}
+
+
+def test_the_record_keeps_one_run_per_tracker_and_store(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path)
+    rd.write_tracker_run(TrackerRun(tracker="mlflow", store="http://a", run_id="1"))
+    rd.write_tracker_run(TrackerRun(tracker="mlflow", store="http://b", run_id="2"))
+    rd.write_tracker_run(TrackerRun(tracker="mlflow", store="http://a", run_id="1", logged_step=40))
+    assert [(r.store, r.logged_step) for r in rd.tracker_runs()] == [("http://b", None), ("http://a", 40)]
+    assert rd.tracker_run("mlflow", "http://a") == TrackerRun(
+        tracker="mlflow", store="http://a", run_id="1", logged_step=40
+    )
+
+
+def test_an_attempt_says_where_it_starts_and_after_what(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path)
+    assert attempt_note(rd, 0, 0) == "attempt 0: from step 0"
+    assert attempt_note(rd, 1, 15) == "attempt 1: resumed from step 15 after a relaunch of the run dir"
+    rd.status_dir.mkdir()
+    rd.append_restart(RequeueEntry(restart=1, resumed_step=15, stopped_step=22, signal=12))
+    assert attempt_note(rd, 2, 22) == "attempt 2: resumed from step 22 after a stop on signal 12 at step 22"
+    rd.write_attempts([AttemptRecord(attempt=2, outcome=AttemptOutcome.FAILED)])
+    assert attempt_note(rd, 3, 22) == "attempt 3: resumed from step 22 after attempt 2 failed"
+
+
+def test_a_row_gives_its_numbers_but_not_its_step_or_flags() -> None:
+    row = {"step": 10, "epoch": 0, "train_loss": 0.5, "lr": 1e-3, "early_stop": True, "note": "x"}
+    assert row_values(row) == {"epoch": 0.0, "train_loss": 0.5, "lr": 1e-3}
