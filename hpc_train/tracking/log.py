@@ -1,10 +1,17 @@
 """Rank 0's logging to the run dir's tracker runs, on a thread of its own: a slow or unreachable tracker costs
 training nothing but one warning.
 
-Every step once: each tracker run keeps the latest step logged to it (``TrackerRun.logged_step``), and a resumed
-attempt skips the rows up to that step, which it trains again from its checkpoint. The exact resume makes those
-rows the same numbers the tracker already holds, so skipping them loses nothing, and MLflow (which would keep
-both) and W&B (which refuses a step below its latest, with a warning each time) each see one value per step.
+Every step once: each tracker run keeps the latest step it holds for certain (``TrackerRun.logged_step``), and
+a resumed attempt skips the rows up to that step, which it trains again from its checkpoint. The exact resume
+makes those rows the same numbers the tracker already holds, so skipping them loses nothing, and MLflow (which
+would keep both) and W&B (which refuses a step below its latest, with a warning each time) each see one value
+per step. Nothing missing: when an attempt opens a run, it first sends the rows of ``metrics.jsonl`` (the run
+dir's own record, cut back to the checkpoint it resumes from) past that step: what an earlier attempt could not
+deliver (the tracker was unreachable, or the rank was killed before W&B wrote them).
+
+For certain: MLflow holds a row once the server has answered; W&B only once ``finish`` returns (its service
+process writes, and a killed rank takes the unwritten rows with it), so a W&B run's step is kept at the end of
+an attempt.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from hpc_train.config import Config
 from hpc_train.core.records import AttemptOutcome, TrackerRun
@@ -61,9 +68,13 @@ class _Backend:
     """One tracker run, from the logging thread."""
 
     name = ""
+    durable = True
+    """A row is the tracker's for certain once ``log`` returns (else: once ``finish`` does)."""
 
     def __init__(self, run: TrackerRun) -> None:
         self.run = run
+        self.sent = run.logged_step
+        """The latest step sent in this attempt (or held from an earlier one)."""
 
     def open(self, attempt: int, note: str, params: Mapping[str, str]) -> None:
         raise NotImplementedError
@@ -104,6 +115,7 @@ class _Mlflow(_Backend):
 
 class _Wandb(_Backend):
     name = "W&B"
+    durable = False
 
     def __init__(self, run: TrackerRun, cfg: Config, run_dir: RunDir) -> None:
         super().__init__(run)
@@ -113,13 +125,14 @@ class _Wandb(_Backend):
         import wandb
 
         wc = self.cfg.tracking.wandb
+        mode: Literal["online", "offline"] = "offline" if wc.mode == "offline" else "online"
         label = " ".join(self.run_dir.label_overrides()) or self.run_dir.path.name
         self.handle = wandb.init(
             project=wc.project,
             entity=wc.entity or None,
             id=self.run.run_id,
             resume="allow",
-            mode=wc.mode,
+            mode=mode,
             dir=str(self.run_dir.path),
             name=label[:128],
             config=dict(params),
@@ -184,24 +197,40 @@ class TrackerLog:
             log.warning("hpc_train: the trackers are off for this attempt: %s", exc)
             return
         note = attempt_note(self.run_dir, self.attempt, step)
+        kept = [row for row in self.run_dir.read_metrics() if int(row["step"]) <= step]
         for run in runs:
             backend = _Mlflow(run) if run.tracker == "mlflow" else _Wandb(run, self.cfg, self.run_dir)
             if self._guarded(backend, functools.partial(backend.open, self.attempt, note, params)):
                 self._backends.append(backend)
                 where = run.store if run.tracker == "mlflow" else run.store.lstrip("/")
                 log.info("hpc_train: logging to %s run %s (%s), %s", backend.name, run.run_id, where, note)
+                missing = [row for row in kept if backend.sent is None or int(row["step"]) > backend.sent]
+                if missing:
+                    log.info("hpc_train: %d earlier row(s) sent to %s now", len(missing), backend.name)
+                for row in missing:
+                    self._send(backend, int(row["step"]), row_values(row))
 
     def _log(self, step: int, values: Mapping[str, float]) -> None:
         for backend in list(self._backends):
-            if backend.run.logged_step is not None and step <= backend.run.logged_step:
-                continue  # an earlier attempt logged it: the same numbers (exact resume)
-            if self._guarded(backend, functools.partial(backend.log, step, values)):
-                backend.run = replace(backend.run, logged_step=step)
-                self.run_dir.write_tracker_run(backend.run)
+            self._send(backend, step, values)
+
+    def _send(self, backend: _Backend, step: int, values: Mapping[str, float]) -> None:
+        if backend.sent is not None and step <= backend.sent:
+            return  # the tracker has it: an earlier attempt's row, the same numbers (exact resume)
+        if self._guarded(backend, functools.partial(backend.log, step, values)):
+            backend.sent = step
+            if backend.durable:
+                self._keep(backend)
+
+    def _keep(self, backend: _Backend) -> None:
+        """Record the step the tracker now holds for certain."""
+        backend.run = replace(backend.run, logged_step=backend.sent)
+        self.run_dir.write_tracker_run(backend.run)
 
     def _finish(self, outcome: str) -> None:
         for backend in list(self._backends):
-            self._guarded(backend, functools.partial(backend.finish, outcome))
+            if self._guarded(backend, functools.partial(backend.finish, outcome)) and not backend.durable:
+                self._keep(backend)
         self._backends.clear()
 
     def _guarded(self, backend: _Backend, call: Callable[[], None]) -> bool:

@@ -1,5 +1,6 @@
-"""Experiment trackers across attempts, with real stores: one MLflow run per run dir and every step once, after a
-crash that makes the resumed attempt train (and log) steps again; TensorBoard purges the redone steps."""
+"""Experiment trackers across attempts, with real stores: one MLflow run and one W&B run (offline files) per run
+dir and every step once, after a crash that makes the resumed attempt train (and log) steps again; TensorBoard
+purges the redone steps."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
+from ..wandb_offline import offline_history
+
 pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
+pytest.importorskip("wandb", reason="the wandb package is in the test extra")
 
 # Rows every 5 steps, a checkpoint every 15: a failure at step 23 leaves rows 5..20 logged and the checkpoint
 # of step 15, so the resumed attempt trains step 20 again (and must not log it twice).
@@ -32,21 +36,30 @@ def rows(run_dir: Path) -> dict[int, dict[str, float]]:
     return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_a_failed_and_resumed_run_is_one_mlflow_run_with_every_step_once(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path}/mlflow.db"  # an absolute path: four slashes in all
-    job = [*JOB, f"tracking.mlflow.uri={store}", "tracking.mlflow.experiment=resume-test"]
+    job = [
+        *JOB,
+        f"tracking.mlflow.uri={store}",
+        "tracking.mlflow.experiment=resume-test",
+        "tracking.wandb.project=resume-test",
+        "tracking.wandb.mode=offline",
+    ]
     failed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=23,kind=raise"})
     assert failed.returncode == 1, failed.stderr[-3000:]
-    (created,) = RunDir(run_dir).tracker_runs()
-    assert created.tracker == "mlflow" and created.logged_step == 20, created
+    created = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
+    assert {name: r.logged_step for name, r in created.items()} == {"mlflow": 20, "wandb": 20}
 
     resumed, _ = run_cli(*job, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
-    (run,) = RunDir(run_dir).tracker_runs()
-    assert (run.run_id, run.logged_step) == (created.run_id, 30)
+    runs = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
+    assert {name: (r.run_id, r.logged_step) for name, r in runs.items()} == {
+        name: (r.run_id, 30) for name, r in created.items()
+    }
+    run = runs["mlflow"]
 
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("resume-test")
@@ -63,6 +76,14 @@ def test_a_failed_and_resumed_run_is_one_mlflow_run_with_every_step_once(run_cli
         steps = [m.step for m in sorted(history, key=lambda m: m.step)]
         assert steps == [s for s in sorted(expected) if key in expected[s]], (key, steps)  # each step once
         assert {m.step: m.value for m in history} == pytest.approx({s: expected[s][key] for s in steps})
+
+    # W&B, offline: a folder per attempt, under the run dir; the steps between them each once.
+    history = offline_history(run_dir, runs["wandb"].run_id)
+    assert len({folder for folder, _, _ in history}) == 2
+    assert [step for _, step, _ in history] == sorted(expected)
+    assert [values["train_loss"] for _, _, values in history] == pytest.approx(
+        [expected[s]["train_loss"] for s in sorted(expected)]
+    )
 
     # TensorBoard: the failed attempt's events past the checkpoint are purged at the resumed writer's start.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,0 +1,130 @@
+"""Trackers on the real testbed: a real MLflow tracking server (SQLite backend) on the controller's address, W&B
+offline files; a job preempted with USR2 (requeued), then restarted in its allocation after a rank dies, is
+one MLflow run and one W&B run with every logged step once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpc_train.core.rundir import RunDir
+
+from ..conftest import wait_for_ranks
+from ..wandb_offline import offline_history
+from .conftest import SLURM_2X1, submit_job, wait_for_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
+mlflow = pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
+pytest.importorskip("wandb", reason="the wandb package is in the test extra")
+
+CONTROLLER = "10.77.0.1"
+"""The testbed controller's address, which every node (a network namespace on the bridge) reaches."""
+
+# Rows every 5 steps, a checkpoint every 10. The first attempt is stopped by USR2 once it is past step 12; the
+# requeued one loses rank 1 at step 37 (its fault is armed in attempt 1 only), after logging row 35, and the
+# supervisor restarts it in the same allocation from the checkpoint of step 30: steps 31..37 are trained again.
+JOB = [
+    *SLURM_2X1,
+    "model.hidden_sizes=[512,512]",
+    "trainer.max_steps=60",
+    "trainer.max_epochs=0",
+    "trainer.log_every_n_steps=5",
+    "trainer.checkpoint_every_n_steps=10",
+    "trainer.val_every_n_steps=20",
+    "trainer.plots=false",
+    "trainer.progress_bar=false",
+]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlflow server`` with a SQLite store, listening on the controller's address; its URI."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port(CONTROLLER)
+    argv = [
+        *[sys.executable, "-m", "mlflow", "server", "--host", CONTROLLER, "--port", str(port), "--workers", "1"],
+        *["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--default-artifact-root", str(root / "artifacts")],
+    ]
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://{CONTROLLER}:{port}"
+    deadline = time.monotonic() + 120  # mostly imports: 10-30 s on a loaded machine
+    try:
+        while True:
+            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server not ready in 120 s: " + (root / "server.log").read_text()
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+        log.close()
+
+
+def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path: Path, mlflow_server: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    trackers = [
+        f"tracking.mlflow.uri={mlflow_server}",
+        "tracking.mlflow.experiment=slurm-test",
+        "tracking.wandb.project=slurm-test",
+        "tracking.wandb.mode=offline",
+    ]
+    fault = {"HPC_TRAIN_FAULT": "rank=1,step=37,kind=exit,attempt=1"}
+    job_id = submit_job(run_dir, *JOB, *trackers, env=fault)
+    wait_for_ranks(run_dir, 12, timeout=240)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, timeout=30)
+    assert wait_for_job(job_id, timeout=600) == "COMPLETED"
+
+    rd = RunDir(run_dir)
+    outcomes = [(a.attempt, str(a.outcome)) for a in rd.attempt_records()]
+    assert outcomes == [(0, "stopped"), (1, "failed"), (2, "completed")], outcomes
+    rows = {r["step"]: r for r in map(json.loads, rd.metrics.read_text().splitlines())}
+    assert set(range(5, 61, 5)) <= set(rows)  # (and the ends of epochs, which validate)
+    runs = {r.tracker: r for r in rd.tracker_runs()}
+    assert {name: r.logged_step for name, r in runs.items()} == {"mlflow": 60, "wandb": 60}
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("slurm-test")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [runs["mlflow"].run_id]
+    found = client.get_run(runs["mlflow"].run_id)
+    assert found.info.status == "FINISHED"
+    notes = {k: v for k, v in found.data.tags.items() if k.startswith("hpc_train.attempt.")}
+    assert sorted(notes) == ["hpc_train.attempt.0", "hpc_train.attempt.1", "hpc_train.attempt.2"], notes
+    assert "resumed from step 30 after attempt 1 failed (" in notes["hpc_train.attempt.2"], notes
+    history = client.get_metric_history(runs["mlflow"].run_id, "train_loss")
+    assert sorted(m.step for m in history) == sorted(rows)  # every row once: 35 was not logged again
+    assert {m.step: m.value for m in history} == pytest.approx({s: r["train_loss"] for s, r in rows.items()})
+
+    offline = offline_history(run_dir, runs["wandb"].run_id)
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 3  # one offline folder per attempt
+    # The killed attempt's rows never reached its file (W&B's service writes them): the attempt after it sent
+    # them again from metrics.jsonl, up to its checkpoint. Every step once, in order.
+    assert [step for _, step, _ in offline] == sorted(rows)
