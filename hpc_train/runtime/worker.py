@@ -70,7 +70,6 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
     from hpc_train.config.shape import NODES_VARIABLE, on_nodes
-    from hpc_train.runtime.requeue import after_stop
 
     cfg = load_config(rd.config)
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
@@ -79,15 +78,33 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         from hpc_train.runtime.script import run_user_script
 
         startup.done()
-        fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals)
-    else:
-        fit = _train(rd, env, cfg, job, startup)
+        return _ended(rd, env, cfg, job, run_user_script(rd, env, cfg, job, early_stop=startup.signals))
+    trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
+    try:
+        fit = _train(rd, env, cfg, job, startup, trackers)
+    except BaseException:
+        if trackers is not None:
+            trackers.close("failed")
+        raise
+    try:
+        return _ended(rd, env, cfg, job, fit)  # the requeue first: the trackers' last rows must not delay it
+    finally:
+        if trackers is not None:
+            trackers.close("completed" if fit.completed else "stopped")
+
+
+def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) -> Outcome:
+    """The rank's outcome: completed, or stopped (and requeued on Slurm, within the limits)."""
+    from hpc_train.runtime.requeue import after_stop
+
     if fit.completed:
         return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak, note=fit.note)
     return after_stop(rd, env, cfg, job, fit)
 
 
-def _train(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup) -> Fit:
+def _train(
+    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup, trackers: TrackerLog | None
+) -> Fit:
     from hpc_train.distributed import distributed
 
     device = startup.device(cfg, env)
@@ -98,16 +115,7 @@ def _train(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Sta
     with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
         _publish_rank_table(rd, env, device, job.attempt)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
-        trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
-        try:
-            fit = _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
-        except BaseException:
-            if trackers is not None:
-                trackers.close("failed")
-            raise
-        if trackers is not None:
-            trackers.close("completed" if fit.completed else "stopped")
-        return fit
+        return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
 
 
 @contextmanager

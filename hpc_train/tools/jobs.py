@@ -156,7 +156,9 @@ DAMAGED_HINT = (
 
 
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
-    rows, records, failures, damaged, unreadable = [], [], [], [], []
+    from hpc_train.tools.timeline import summary
+
+    rows, records, failures, damaged, unreadable, timelines = [], [], [], [], [], []
     for rd in runs:
         try:
             state = _state(rd)
@@ -174,6 +176,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         tail = "" if state.ok else _failure_tail(rd, attempts)
         if tail:
             failures.append(tail)
+        timelines += [line for line in [summary(rd)] if line]
         damaged += state.damaged
         records.append(
             {
@@ -200,6 +203,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if failures:
             print("\nfailures (class, rank, host, traceback tail):")
             print("\n".join(failures))
+        if timelines:
+            print("\nwhere the time went:")
+            print("\n".join(f"  {line}" for line in timelines))
         if damaged:
             print("\ndamaged records (left out of the state above):")
             print("\n".join(f"  {line}" for line in damaged))

@@ -2,7 +2,9 @@
 
 Each run gets ``plots/loss.png`` (train and validation loss) and ``plots/metrics.png`` (validation metric and
 learning rate). With several runs (a sweep's elements) ``--compare OUT.png`` overlays their validation loss,
-each run labelled by the overrides that set it apart.
+each run labelled by the overrides that set it apart. ``--timeline`` draws instead where a Slurm run's time
+went (``plots/timeline.png``): its allocations and attempts on one time axis, with start-up, productive
+training, redone work, restart gaps, queue waits, checkpoints, stop signals, failures and the ETTR.
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument("--compare", type=Path, help="also overlay the runs' validation loss in this PNG")
+    parser.add_argument("--timeline", action="store_true", help="draw each run's allocations and attempts instead")
     args = parser.parse_args(argv)
+    if args.timeline:
+        from hpc_train.tools.timeline import plot_timeline
+
+        for run_dir in args.run_dirs:
+            try:
+                print(plot_timeline(run_dir))
+            except ValueError as exc:
+                print(f"hpc_train.plot: {exc}", file=sys.stderr)
+                return 2
+        return 0
     for run_dir in args.run_dirs:
         metrics = RunDir(run_dir).metrics
         if not metrics.is_file():

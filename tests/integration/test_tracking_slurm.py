@@ -1,6 +1,6 @@
 """Trackers on the real testbed: a real MLflow tracking server (SQLite backend) on the controller's address, W&B
 offline files; a job preempted with USR2 (requeued), then restarted in its allocation after a rank dies, is
-one MLflow run and one W&B run with every logged step once."""
+one MLflow run and one W&B run with every logged step once. Its timeline is drawn (the README's picture)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hpc_train.core.rundir import RunDir
 
 from ..conftest import wait_for_ranks
 from ..wandb_offline import offline_history
-from .conftest import SLURM_2X1, submit_job, wait_for_job
+from .conftest import SLURM_2X1, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 mlflow = pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
@@ -128,3 +128,9 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     # The killed attempt's rows never reached its file (W&B's service writes them): the attempt after it sent
     # them again from metrics.jsonl, up to its checkpoint. Every step once, in order.
     assert [step for _, step, _ in offline] == sorted(rows)
+
+    # Where the time went: two allocations (the requeue), three attempts, drawn and summed up in jobs status.
+    drawn = cli("hpc_train.plot", str(run_dir), "--timeline", cwd=tmp_path)
+    assert drawn.returncode == 0 and drawn.stdout.strip() == str(run_dir / "plots" / "timeline.png"), drawn.stderr
+    status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
+    assert f"{run_dir}: 2 allocation(s), 3 attempt(s): waiting in the queue " in status, status

@@ -1,0 +1,236 @@
+"""Where a run's hours went, on one time axis: ``python -m hpc_train.plot RUN --timeline``.
+
+One row per Slurm allocation (a requeue is a new one). In each, the attempts the supervisor ran, split the way
+the goodput ledger splits them (``core.goodput``): start-up (the job's start to its first step), productive
+training (up to the step the run kept), redone work (steps after the last checkpoint, trained again by the next
+attempt, and a failed attempt's teardown), and the restart gaps between attempts. Before each allocation, its
+wait in the queue (from the submission, or from the end of the allocation before it). Marks: checkpoints, stop
+signals and failures. The title gives the ETTR (productive time / allocated time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_train.core.files import read_json
+from hpc_train.core.goodput import ledger
+from hpc_train.core.records import AttemptRecord, RequeueEntry
+from hpc_train.core.rundir import RunDir
+
+__all__ = ["Bar", "Mark", "Timeline", "plot_timeline", "timeline"]
+
+COLOURS = {
+    "queue": "#d9d9d9",
+    "startup": "#f4a261",
+    "productive": "#2a9d8f",
+    "redone": "#e76f51",
+    "gap": "#8d99ae",
+}
+LABELS = {
+    "queue": "waiting in the queue",
+    "startup": "start-up",
+    "productive": "productive training",
+    "redone": "redone work / teardown",
+    "gap": "restart gap",
+}
+
+
+@dataclass(frozen=True)
+class Bar:
+    row: int
+    kind: str
+    """One of COLOURS' keys."""
+    start: float
+    end: float
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Mark:
+    row: int
+    kind: str
+    """checkpoint, stop or failure."""
+    time: float
+    text: str = ""
+
+
+@dataclass
+class Timeline:
+    rows: list[str] = field(default_factory=list)
+    """One label per allocation: its job id and requeue count."""
+    bars: list[Bar] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    goodput: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def origin(self) -> float:
+        return min([b.start for b in self.bars] + [m.time for m in self.marks], default=0.0)
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per kind of bar."""
+        out = dict.fromkeys(COLOURS, 0.0)
+        for bar in self.bars:
+            out[bar.kind] += bar.end - bar.start
+        return out
+
+
+def timeline(rd: RunDir, now: float | None = None) -> Timeline:
+    """The run's allocations, attempts and events (empty rows for a run that never had a Slurm allocation)."""
+    allocations = rd.allocation_records()
+    attempts = rd.attempt_records()
+    out = Timeline(goodput=ledger(allocations, attempts, now) if allocations else {})
+    if not allocations:
+        return out
+    submitted = rd.read_job_record().get("submitted")
+    row_of: dict[tuple[str, int], int] = {}
+    before: float | None = float(submitted) if isinstance(submitted, int | float) else None
+    for row, allocation in enumerate(allocations):
+        row_of[allocation.allocation] = row
+        out.rows.append(f"job {allocation.job_id}" + (f" (requeue {allocation.requeue})" if allocation.requeue else ""))
+        if before is not None and before < allocation.start:
+            out.bars.append(Bar(row, "queue", before, allocation.start))
+        before = allocation.end
+    by_attempt = {r["attempt"]: r for r in out.goodput.get("per_attempt", [])}
+    last_end: dict[int, float] = {}
+    for attempt in attempts:
+        found = row_of.get(attempt.allocation)
+        figures = by_attempt.get(attempt.attempt)
+        if found is None or figures is None or attempt.start is None:
+            continue
+        row = found
+        if row in last_end and attempt.start > last_end[row]:
+            out.bars.append(Bar(row, "gap", last_end[row], attempt.start))
+        at = attempt.start
+        for kind in ("startup", "productive", "redone"):
+            span = float(figures[f"{kind}_s"])
+            if span > 0:
+                text = f"attempt {attempt.attempt}" if kind == "productive" else ""
+                out.bars.append(Bar(row, kind, at, at + span, text))
+            at += span
+        last_end[row] = at
+        if attempt.failure is not None:
+            out.marks.append(Mark(row, "failure", at, attempt.failure.kind))
+    by_number = {a.attempt: a for a in attempts}
+    for entry in rd.requeue_records():
+        stopped = by_number.get(entry.restart)
+        on_row = None if stopped is None else row_of.get(stopped.allocation)
+        when = _signalled(entry, stopped)
+        if on_row is not None and when is not None:
+            out.marks.append(Mark(on_row, "stop", when, f"signal {entry.signal}"))
+    for allocation in allocations:  # the supervisor's own start and end, outside every attempt
+        row = row_of[allocation.allocation]
+        inside = [b for b in out.bars if b.row == row and b.kind != "queue"]
+        if not inside:
+            continue
+        first, last = min(b.start for b in inside), max(b.end for b in inside)
+        if first > allocation.start:
+            out.bars.append(Bar(row, "gap", allocation.start, first))
+        if allocation.end is not None and allocation.end > last:
+            out.bars.append(Bar(row, "gap", last, allocation.end))
+    out.marks += _checkpoint_marks(rd, out, allocations_rows=row_of, attempts=attempts)
+    return out
+
+
+def _signalled(entry: RequeueEntry, attempt: AttemptRecord | None) -> float | None:
+    """When the stop signal came: its checkpoint was durable ``stop_saved_s`` later."""
+    progress = attempt.progress if attempt is not None else None
+    saved = entry.stop_saved_s or 0.0
+    if progress is not None and progress.checkpoint_time and progress.checkpoint_step == entry.stopped_step:
+        return progress.checkpoint_time - saved
+    return None if entry.time is None else entry.time - saved
+
+
+def _checkpoint_marks(
+    rd: RunDir, out: Timeline, allocations_rows: dict[tuple[str, int], int], attempts: list[AttemptRecord]
+) -> list[Mark]:
+    """A mark at each checkpoint the ledger still holds, and at each attempt's latest one, on the row of the
+    attempt that wrote it."""
+    ledger_file = read_json(rd.checkpoint_ledger)
+    entries = ledger_file.get("checkpoints") if isinstance(ledger_file, dict) else None
+    found = {
+        float(e["time"]): e.get("step")
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, dict) and isinstance(e.get("time"), int | float)
+    }
+    for attempt in attempts:
+        progress = attempt.progress
+        if progress is not None and progress.checkpoint_time:
+            found.setdefault(float(progress.checkpoint_time), progress.checkpoint_step)
+    marks = []
+    for when, step in sorted(found.items()):
+        for attempt in attempts:
+            end = attempt.end if attempt.end is not None else float("inf")
+            row = allocations_rows.get(attempt.allocation)
+            if row is not None and attempt.start is not None and attempt.start <= when <= end:
+                marks.append(Mark(row, "checkpoint", when, f"step {step}"))
+                break
+    return marks
+
+
+def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
+    """Draw the run's timeline into ``out`` (default ``<run dir>/plots/timeline.png``); ValueError for a run
+    with no Slurm allocation on record."""
+    from hpc_train.train.plots import pyplot, save
+
+    rd = RunDir(Path(run_dir))
+    line = timeline(rd)
+    if not line.rows:
+        raise ValueError(
+            f"{rd.path} has no Slurm allocation on record (status/allocations.json): the timeline draws the "
+            "allocations and attempts of a Slurm job"
+        )
+    plt = pyplot()
+    origin = line.origin
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.7 * len(line.rows)))
+    for bar in line.bars:
+        left, width = (bar.start - origin) / 60, (bar.end - bar.start) / 60
+        ax.barh(bar.row, width, left=left, height=0.5, color=COLOURS[bar.kind], edgecolor="white", linewidth=0.5)
+        if bar.text:
+            ax.text(left + width / 2, bar.row, bar.text, ha="center", va="center", fontsize=8, color="white")
+    styles = {"checkpoint": ("|", "black", 12), "stop": ("v", "#6a4c93", 9), "failure": ("X", "#c1121f", 9)}
+    for mark in line.marks:
+        symbol, colour, size = styles[mark.kind]
+        x = (mark.time - origin) / 60
+        ax.plot(x, mark.row, symbol, color=colour, markersize=size)
+        if mark.kind != "checkpoint":
+            ax.text(x, mark.row - 0.33, mark.text, ha="center", va="bottom", fontsize=7, color=colour)
+    ax.set_yticks(range(len(line.rows)), line.rows)
+    ax.set_ylim(len(line.rows) - 0.4, -0.8)
+    ax.set_xlabel("minutes since the submission")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in COLOURS]
+    handles += [plt.Line2D([], [], marker=s, color=c, linestyle="") for s, c, _ in styles.values()]
+    names = [LABELS[k] for k in COLOURS] + ["checkpoint", "stop signal", "failure"]
+    ax.legend(
+        handles,
+        names,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 - 0.05 / len(line.rows)),
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+    gp = line.goodput
+    ax.set_title(
+        f"{rd.path.name}: ETTR {gp.get('ettr', 0):.2f} ({gp.get('productive_s', 0):.0f} s productive of "
+        f"{gp.get('wall_s', 0):.0f} s allocated; {gp.get('attempts', 0)} attempts, {gp.get('allocations', 0)} "
+        f"allocations)",
+        fontsize=10,
+    )
+    path = out or rd.plots / "timeline.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save(fig, path)
+
+
+def summary(rd: RunDir) -> str:
+    """One line for ``jobs status``: where the time went, and how to draw it ('' for a run with no allocation)."""
+    line = timeline(rd)
+    if not line.rows:
+        return ""
+    totals = line.totals()
+    parts = ", ".join(f"{LABELS[k]} {totals[k]:.0f}s" for k in COLOURS if totals[k] >= 0.5)
+    return (
+        f"{rd.path}: {len(line.rows)} allocation(s), {line.goodput.get('attempts', 0)} attempt(s): {parts}; "
+        f"ETTR {line.goodput.get('ettr', 0):.2f} (draw it: python -m hpc_train.plot {rd.path} --timeline)"
+    )
