@@ -5,7 +5,9 @@
 A small regression model on random data, several epochs, shuffled by the Trainer's sampler; the model
 returns its loss as any transformers model does. On rank 0 it records each attempt's first step
 (``starts.txt``), the step reached (``step.txt``, for tests that signal mid-run) and, once it has trained
-``--steps`` steps, the weights (``final.pt``).
+``--steps`` steps, the weights (``final.pt``). ``--report-to mlflow,wandb`` logs to the run dir's tracker runs
+(hpc_train's ``tracking.*`` gives the script their ids); ``--save-steps`` checkpoints every that many steps, and
+``--fail-at`` makes rank 0's first attempt raise at that step (for tests of a crash and its restart).
 """
 
 import argparse
@@ -43,8 +45,8 @@ class Samples(torch.utils.data.Dataset):
 class Progress(TrainerCallback):
     """Test instrumentation: paces the steps and tells the test where the run is."""
 
-    def __init__(self, out: str, sleep: float) -> None:
-        self.out, self.sleep, self.started = out, sleep, False
+    def __init__(self, out: str, sleep: float, fail_at: int = 0) -> None:
+        self.out, self.sleep, self.started, self.fail_at = out, sleep, False, fail_at
 
     def on_step_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero and not self.started:
@@ -54,9 +56,13 @@ class Progress(TrainerCallback):
         time.sleep(self.sleep)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if args.process_index == 0:
             with open(os.path.join(self.out, "step.txt"), "w") as f:
                 f.write(f"{state.global_step}\n")
+            failed = os.path.join(self.out, "failed.txt")
+            if state.global_step == self.fail_at and not os.path.exists(failed):
+                open(failed, "w").close()
+                raise RuntimeError(f"failing at step {state.global_step} on purpose (--fail-at)")
 
 
 def main() -> None:
@@ -64,6 +70,10 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sleep", type=float, default=0.05)
+    parser.add_argument("--report-to", default="none", help="e.g. mlflow,wandb")
+    parser.add_argument("--logging-steps", type=int, default=500)
+    parser.add_argument("--save-steps", type=int, default=0, help="0: only the stop checkpoint")
+    parser.add_argument("--fail-at", type=int, default=0)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -74,8 +84,10 @@ def main() -> None:
         max_steps=args.steps,
         per_device_train_batch_size=8,
         learning_rate=0.01,
-        save_strategy="no",  # the callback still checkpoints on preemption
-        report_to="none",
+        save_strategy="steps" if args.save_steps else "no",  # the callback still checkpoints on preemption
+        save_steps=args.save_steps or 500,
+        logging_steps=args.logging_steps,
+        report_to=args.report_to.split(","),
         disable_tqdm=True,
         use_cpu=True,  # on CPU, these two make the Trainer distributed: without them each rank trains alone
         ddp_backend="gloo",
@@ -85,7 +97,7 @@ def main() -> None:
         model=model,
         args=training,
         train_dataset=Samples(256),
-        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep)],
+        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.fail_at)],
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(checkpoints))
     if trainer.is_world_process_zero():

@@ -18,6 +18,14 @@ every rank trains its own copy of the model, and the callback warns at the start
 What the stop skips, by design: an evaluation due at that step (it would delay the checkpoint past the grace
 period Slurm gives) and the epoch-end save and evaluation of a stopped epoch. What it cannot restore: the
 Trainer logs ``train_loss`` as the mean over the steps of the last attempt only.
+
+Experiment trackers (``report_to=["mlflow"]``, ``["wandb"]``, ``["tensorboard"]``, with hpc_train's
+``tracking.*``): after a crash the script resumes from its last checkpoint and trains the steps since then
+again. The rows of those steps are already in the run dir's tracker run, so the callback keeps the reporting
+callbacks from sending them twice: on rank 0, from the end of such a step to the start of the next, the
+Trainer's state says it is not the main process, which every reporting callback checks before it logs. (The
+Trainer still keeps the rows in its own ``log_history``.) Rank 0 records each step it reports
+(``hpc_train.preemption.trackers_hold``).
 """
 
 from __future__ import annotations
@@ -81,6 +89,11 @@ class PreemptionCallback(TrainerCallback):
         self.exit_after_stop = exit_after_stop
         self.stopped = False
         self._checked_world = False
+        self._main = False
+        """Rank 0, as the Trainer said at the start of training (its state's flag is lowered while muted)."""
+        self._held: int | None = None
+        """The latest step the run dir's tracker runs hold from an earlier attempt (None: none)."""
+        self._muted = False
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -88,11 +101,40 @@ class PreemptionCallback(TrainerCallback):
         if not self._checked_world:
             self._checked_world = True
             _warn_if_not_distributed(args)
+        self._main = state.is_world_process_zero
+        self._held = preemption.trackers_hold() if self._main else None
         return control
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        self._unmute(state)
+        return control
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TrainerControl:
+        if self._main and not self._muted and preemption.tracker_run_ids():
+            preemption.trackers_hold(state.global_step)  # the reporting callbacks, before this one, sent it
+        return control
+
+    def _unmute(self, state: TrainerState) -> None:
+        if self._muted:
+            state.is_world_process_zero = True
+            self._muted = False
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
+        if self._held is not None and state.global_step <= self._held and self._main:
+            # A step trained again after a crash: its rows (and its evaluation's) are in the trackers already.
+            state.is_world_process_zero = False
+            self._muted = True
         if self.stopped or not preemption.should_stop(state.global_step):
             return control
         self.stopped = True
@@ -109,7 +151,7 @@ class PreemptionCallback(TrainerCallback):
         # Every rank has written its files (each writes its own RNG state) once all are past the barrier.
         preemption.wait_for_all()
         folder = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if state.is_world_process_zero and folder.is_dir():
+        if self._main and folder.is_dir():
             (folder / COMPLETE).write_text(f"{state.global_step}\n")
         return control
 
@@ -124,6 +166,7 @@ class PreemptionCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
+        self._unmute(state)
         if self.stopped and self.exit_after_stop:
             raise SystemExit(0)
         return control

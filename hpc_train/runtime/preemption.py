@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,15 @@ from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.stopping import StopSignals
 
-__all__ = ["reclaim_signals", "restart_count", "should_stop", "stop_signal", "tracker_run_ids", "wait_for_all"]
+__all__ = [
+    "reclaim_signals",
+    "restart_count",
+    "should_stop",
+    "stop_signal",
+    "tracker_run_ids",
+    "trackers_hold",
+    "wait_for_all",
+]
 
 _DEFAULT_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
@@ -53,14 +62,38 @@ REPORT_EVERY_S = 1.0
 """How often the latest step is written for the goodput ledger (each write is one small file rename)."""
 
 
+_TRACKER_VARIABLES = {"mlflow": "MLFLOW_RUN_ID", "wandb": "WANDB_RUN_ID"}
+_tracker_ids = {tracker: os.environ[name] for tracker, name in _TRACKER_VARIABLES.items() if os.environ.get(name)}
+"""Read at import: ``mlflow.start_run()`` removes MLFLOW_RUN_ID from the environment once it has used it."""
+
+
 def tracker_run_ids() -> dict[str, str]:
     """The run dir's experiment tracker runs, for a hand-written loop that logs to them itself: ``{"mlflow":
     run id, "wandb": run id}`` for each tracker the config names (``tracking.*``). Every attempt gets the same
     ids: pass them to ``mlflow.start_run(run_id=...)`` or ``wandb.init(id=..., resume="allow")``, and log each
     step with its number. hpc_train gives a script the same ids as MLFLOW_RUN_ID and WANDB_RUN_ID, which
     ``mlflow.start_run()`` and ``wandb.init()`` read without any argument."""
-    variables = {"mlflow": "MLFLOW_RUN_ID", "wandb": "WANDB_RUN_ID"}
-    return {tracker: os.environ[name] for tracker, name in variables.items() if os.environ.get(name)}
+    now = {tracker: os.environ[name] for tracker, name in _TRACKER_VARIABLES.items() if os.environ.get(name)}
+    return _tracker_ids | now
+
+
+def trackers_hold(step: int | None = None) -> int | None:
+    """Rank 0 of a script with its own tracker code: with ``step``, record that the trackers now hold every row
+    up to it; without, the latest step an earlier attempt recorded so (None: none, or no trackers). A resumed
+    attempt that trains steps again after a crash need not log them again: the integrations' callbacks use it."""
+    ids = set(tracker_run_ids().values())
+    folder = os.environ.get("HPC_TRAIN_RUN_DIR")
+    if not ids or not folder:
+        return None
+    rd = RunDir(Path(folder))
+    runs = [r for r in rd.tracker_runs() if r.run_id in ids]
+    if step is not None:
+        for run in runs:
+            if run.logged_step is None or run.logged_step < step:
+                rd.write_tracker_run(replace(run, logged_step=step))
+        return step
+    steps = [r.logged_step for r in runs]
+    return None if not steps or None in steps else min(s for s in steps if s is not None)
 
 
 def restart_count() -> int:

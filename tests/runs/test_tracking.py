@@ -139,3 +139,40 @@ def test_a_script_gets_the_run_ids_the_trackers_read(run_cli, tmp_path: Path) ->
     for rank in (0, 1):
         for attempt in (0, 1):
             assert json.loads((tmp_path / f"seen_{rank}_{attempt}").read_text()) == expected, (rank, attempt)
+
+
+def test_a_hugging_face_script_restarted_after_a_crash_logs_every_step_once(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """report_to=["mlflow", "wandb"] with no code of ours but the PreemptionCallback: the script fails at step 27
+    on its first attempt, after logging steps 5..25; relaunched, it resumes from checkpoint-20 and trains 21..27
+    again. MLflow and W&B hold each step once: the callback muted the reporting callbacks for step 25."""
+    pytest.importorskip("transformers", reason="the Hugging Face Trainer is in the test extra")
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    out = tmp_path / "hf_out"
+    args = (
+        f"[--out,{out},--steps,40,--sleep,0,--report-to,'mlflow,wandb',--logging-steps,5,--save-steps,10,--fail-at,27]"
+    )
+    job = [
+        "script.module=hpc_train.examples.hf_trainer",
+        f"script.args={args}",
+        f"tracking.mlflow.uri={store}",
+        "tracking.mlflow.experiment=hf",
+        "tracking.wandb.project=hf",
+        "tracking.wandb.mode=offline",
+    ]
+    failed, run_dir = run_cli(*job, timeout=300)
+    assert failed.returncode == 1 and "failing at step 27 on purpose" in failed.stderr, failed.stderr[-3000:]
+    resumed, _ = run_cli(*job, run_dir=run_dir, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "starts.txt").read_text().split() == ["0", "20"]  # the second attempt resumed from step 20
+
+    runs = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("hf")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [runs["mlflow"].run_id]
+    steps = sorted(m.step for m in client.get_metric_history(runs["mlflow"].run_id, "loss"))
+    assert steps == list(range(5, 41, 5)), steps  # 25 once, though trained twice
+
+    rows = [values for _, _, values in offline_history(run_dir, runs["wandb"].run_id) if "train/loss" in values]
+    assert [r["train/global_step"] for r in rows] == list(range(5, 41, 5))
