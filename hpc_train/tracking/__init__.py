@@ -13,6 +13,7 @@ from hpc_train.tracking.runs import (
     flat_config,
     missing_packages,
     mlflow_client,
+    mlflow_patience,
     script_environment,
     wandb_store,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "flat_config",
     "missing_packages",
     "mlflow_client",
+    "mlflow_patience",
     "row_values",
     "script_environment",
     "wandb_store",

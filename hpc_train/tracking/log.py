@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 from hpc_train.config import Config
 from hpc_train.core.records import AttemptOutcome, TrackerRun
 from hpc_train.core.rundir import RunDir
-from hpc_train.tracking.runs import ensure_runs, flat_config, mlflow_client
+from hpc_train.tracking.runs import ensure_runs, flat_config, mlflow_patience
 
 __all__ = ["TrackerLog", "attempt_note", "row_values"]
 
@@ -92,9 +92,10 @@ class _Mlflow(_Backend):
 
     def open(self, attempt: int, note: str, params: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
+        from mlflow.tracking import MlflowClient
 
-        self._context = mlflow_client(self.run.store)
-        self.client = self._context.__enter__()
+        mlflow_patience()  # for every request of this rank-0 process, which runs no tracker code of the user's
+        self.client = MlflowClient(tracking_uri=self.run.store)
         self.client.update_run(self.run.run_id, status="RUNNING")
         tags = [RunTag("hpc_train.attempt", str(attempt)), RunTag(f"hpc_train.attempt.{attempt}", note)]
         self.client.log_batch(self.run.run_id, tags=tags)
@@ -107,10 +108,7 @@ class _Mlflow(_Backend):
         self.client.log_batch(self.run.run_id, metrics=metrics)
 
     def finish(self, outcome: str) -> None:
-        try:
-            self.client.set_terminated(self.run.run_id, status=self._STATUS.get(outcome, "FAILED"))
-        finally:
-            self._context.__exit__(None, None, None)
+        self.client.set_terminated(self.run.run_id, status=self._STATUS.get(outcome, "FAILED"))
 
 
 class _Wandb(_Backend):
@@ -187,7 +185,10 @@ class TrackerLog:
 
     def _serve(self) -> None:
         while (task := self._tasks.get()) is not None:
-            task()
+            try:
+                task()
+            except Exception as exc:  # noqa: BLE001 - the run dir's record (a full disk?): warn, go on
+                log.warning("hpc_train: tracker bookkeeping failed: %s", exc)
 
     def _open(self, step: int) -> None:
         try:

@@ -28,6 +28,7 @@ __all__ = [
     "flat_config",
     "missing_packages",
     "mlflow_client",
+    "mlflow_patience",
     "script_environment",
     "wandb_store",
 ]
@@ -53,11 +54,18 @@ def wandb_store(tracking: TrackingConfig) -> str:
     return f"{tracking.wandb.entity}/{tracking.wandb.project}"
 
 
-@contextlib.contextmanager
-def _patience() -> Iterator[None]:
-    """MLflow's HTTP timeout and retries shortened for hpc_train's calls, unless the user set them."""
+def mlflow_patience() -> dict[str, str]:
+    """Shorten MLflow's HTTP timeout and retries in this process, where the user has not set them; returns what
+    was set. (MLflow reads them at each request.)"""
     added = {k: v for k, v in _MLFLOW_PATIENCE.items() if k not in os.environ}
     os.environ.update(added)
+    return added
+
+
+@contextlib.contextmanager
+def _patience() -> Iterator[None]:
+    """``mlflow_patience`` for the calls inside only: the launcher's environment is its ranks' too."""
+    added = mlflow_patience()
     try:
         yield
     finally:

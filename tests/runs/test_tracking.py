@@ -180,3 +180,32 @@ def test_a_hugging_face_script_restarted_after_a_crash_logs_every_step_once(run_
 
     rows = [values for _, _, values in offline_history(run_dir, runs["wandb"].run_id) if "train/loss" in values]
     assert [r["train/global_step"] for r in rows] == list(range(5, 41, 5))
+
+
+def test_an_unreachable_tracker_is_one_warning_and_never_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rank 0's logging against an MLflow server that is not there: the rows are taken without waiting, the
+    attempt's end waits a bounded time, and one warning says the tracker is off."""
+    import socket
+    import time
+
+    from hpc_train.config import Config, MlflowConfig, TrackingConfig
+    from hpc_train.tracking import TrackerLog
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # refused at once (hpc_train's default: 2 retries)
+    cfg = Config(tracking=TrackingConfig(mlflow=MlflowConfig(uri=f"http://127.0.0.1:{port}")))
+    trackers = TrackerLog(RunDir(tmp_path), cfg, attempt=0)
+    started = time.monotonic()
+    trackers.start(0)
+    for step in range(1, 50):
+        trackers.row({"step": step, "train_loss": 1.0 / step})
+    queued = time.monotonic() - started
+    trackers.close("completed")
+    assert queued < 1.0 and time.monotonic() - started < 35
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "could not create the MLflow run" in warnings[0], warnings
+    assert RunDir(tmp_path).tracker_runs() == []
