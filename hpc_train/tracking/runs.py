@@ -102,7 +102,16 @@ def flat_config(cfg: Config) -> dict[str, str]:
 
 def ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
     """The tracker runs of ``run_dir``, each created now if it has none yet in the store ``cfg`` names. A tracker
-    that cannot be reached gets one warning and no run here (rank 0 of the built-in trainer tries again)."""
+    that cannot be reached, or a record that cannot be written, gets one warning and no run here (rank 0 of the
+    built-in trainer tries again)."""
+    try:
+        return _ensure_runs(run_dir, cfg)
+    except Exception as exc:  # noqa: BLE001 - trackers never stop a launch or a job
+        log.warning("hpc_train: the tracker runs of %s are not set up: %s", run_dir.path, exc)
+        return []
+
+
+def _ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
     runs = []
     if cfg.tracking.mlflow.enabled:
         run = run_dir.tracker_run("mlflow", cfg.tracking.mlflow.uri)
