@@ -74,8 +74,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, base: Path) -> Path:
     """A venv with ``wheel`` installed as a user installs it: ``pip install torch==2.13.0``, then the wheel.
 
-    Installing torch and the dependencies takes a minute (without byte-compiling them: a run compiles what it
-    imports), so the venv is kept in CACHE, keyed by what decides its contents besides the wheel itself: the
+    Installing torch and the dependencies takes a minute, so the venv is kept in CACHE, keyed by what decides its contents besides the wheel itself: the
     Python, the torch pin and the wheel's Requires-Dist lines. A kept
     venv is used again only if its packages are still exactly those it was made with; the wheel is then
     reinstalled into it (pip removes every file the previous build installed) and ``pip install wheel torch``
@@ -87,7 +86,7 @@ def installed(wheel: Path, base: Path) -> Path:
     key = hashlib.sha256("\n".join([sys.version, TORCH, *requires]).encode()).hexdigest()[:16]
     env_dir, freeze = CACHE / f"venv-{key}", CACHE / f"venv-{key}.freeze"
     python = env_dir / "bin" / "python"
-    pip = [python, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if freeze.is_file() and packages(python) == freeze.read_text() != "":
         sh(*pip, "--force-reinstall", "--no-deps", wheel, cwd=base)
         sh(*pip, wheel, TORCH, cwd=base)
