@@ -176,7 +176,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         tail = "" if state.ok else _failure_tail(rd, attempts)
         if tail:
             failures.append(tail)
-        timelines += [line for line in [summary(rd)] if line]
+        timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
         damaged += state.damaged
         records.append(
             {

@@ -76,11 +76,14 @@ class Timeline:
         return out
 
 
-def timeline(rd: RunDir, now: float | None = None) -> Timeline:
-    """The run's allocations, attempts and events (empty rows for a run that never had a Slurm allocation)."""
+def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
+    """The run's allocations, attempts and events (empty rows for a run that never had a Slurm allocation).
+    ``goodput``: the run's ledger, when the caller has it already (``jobs status`` brings it up to now)."""
     allocations = rd.allocation_records()
     attempts = rd.attempt_records()
-    out = Timeline(goodput=ledger(allocations, attempts, now) if allocations else {})
+    if goodput is None:
+        goodput = ledger(allocations, attempts) if allocations else {}
+    out = Timeline(goodput=goodput)
     if not allocations:
         return out
     submitted = rd.read_job_record().get("submitted")
@@ -223,9 +226,9 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
     return save(fig, path)
 
 
-def summary(rd: RunDir) -> str:
+def summary(rd: RunDir, goodput: dict[str, Any] | None = None) -> str:
     """One line for ``jobs status``: where the time went, and how to draw it ('' for a run with no allocation)."""
-    line = timeline(rd)
+    line = timeline(rd, goodput)
     if not line.rows:
         return ""
     totals = line.totals()
