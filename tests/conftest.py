@@ -37,6 +37,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"test time per folder (summed over workers): {spent}")
 
 
+LONGEST_FIRST = (
+    "tests/runs/test_wheel.py",
+    "tests/runs/test_framework_preemption.py",
+    "tests/runs/test_preemption.py",
+    "tests/runs/test_readme.py",
+    "tests/runs/test_tracking.py",
+)
+"""The modules that take longest (minutes each), started first when scripts/test.sh spreads tests/ over pytest-xdist
+workers (by module), so that none of them starts last and leaves a worker running alone at the end."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def place(item: pytest.Item) -> int:
+        module = item.nodeid.split("::")[0]
+        first = [i for i, name in enumerate(LONGEST_FIRST) if module == name]
+        return first[0] if first else len(LONGEST_FIRST) + module.startswith("tests/unit/")  # unit tests fill in
+
+    items.sort(key=place)  # stable: the order within a module, and among the rest, is kept
+
+
 @pytest.fixture
 def run_cli(tmp_path: Path):  # type: ignore[no-untyped-def]
     """Run ``python -m hpc_train <args>`` in a fresh run dir; returns (completed process, run dir)."""

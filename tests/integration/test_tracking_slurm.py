@@ -46,6 +46,15 @@ JOB = [
 ]
 
 
+def wandb_attempts(run_dir: Path) -> list[Path]:
+    """Rank 0's logs (one per attempt) that say the attempt's W&B run started."""
+    return [log for log in (run_dir / "logs").glob("rank_0*.log") if "logging to W&B run" in log.read_text()]
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [s.get("step") or 0 for s in RunDir(run_dir).read_statuses().values()]
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -62,7 +71,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         *["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--default-artifact-root", str(root / "artifacts")],
     ]
     log = (root / "server.log").open("w")
-    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # Without MLflow's job runner: its huey consumers cost ~60 CPU-s of the testbed's 2 cores, for nothing here.
+    environ = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
     uri = f"http://{CONTROLLER}:{port}"
     deadline = time.monotonic() + 120  # mostly imports: 10-30 s on a loaded machine
     try:
@@ -100,6 +111,10 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     fault = {"HPC_TRAIN_FAULT": "rank=1,step=37,kind=exit,attempt=1"}
     job_id = submit_job(run_dir, *JOB, *trackers, env=fault)
     wait_for_ranks(run_dir, 12, timeout=240)
+    # W&B's first run of an attempt takes seconds on the testbed's busy cores: give it until step 22 (the stop
+    # must come before the checkpoint at 30) to start, so that the W&B run is normally resumed across folders.
+    while not wandb_attempts(run_dir) and max(steps(run_dir), default=0) < 22:
+        time.sleep(0.1)
     subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, timeout=30)
     assert wait_for_job(job_id, timeout=600) == "COMPLETED"
 
@@ -124,7 +139,10 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     assert {m.step: m.value for m in history} == pytest.approx({s: r["train_loss"] for s, r in rows.items()})
 
     offline = offline_history(run_dir, runs["wandb"].run_id)
-    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 3  # one offline folder per attempt
+    # One offline folder per attempt that started W&B: an attempt that ends before its W&B run is up (seconds,
+    # here) leaves its rows to the next attempt, which sends them from metrics.jsonl.
+    folders = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(folders) == len(wandb_attempts(run_dir)) >= 1, folders
     # The killed attempt's rows never reached its file (W&B's service writes them): the attempt after it sent
     # them again from metrics.jsonl, up to its checkpoint. Every step once, in order.
     assert [step for _, step, _ in offline] == sorted(rows)
