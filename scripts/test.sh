@@ -4,7 +4,7 @@
 #
 # What does not depend on each other overlaps: the testbed's apt packages install while pip sets up .venv, and
 # the testbed's jobs run while the unit tests and the local runs run beside them (the testbed's jobs wait on
-# Slurm a good part of the time; two pytest processes keep both cores busy).
+# Slurm a good part of the time; with the local side's two xdist workers, both cores stay busy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS

@@ -113,7 +113,9 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     wait_for_ranks(run_dir, 12, timeout=240)
     # W&B's first run of an attempt takes seconds on the testbed's busy cores: give it until step 22 (the stop
     # must come before the checkpoint at 30) to start, so that the W&B run is normally resumed across folders.
+    deadline = time.monotonic() + 240
     while not wandb_attempts(run_dir) and max(steps(run_dir), default=0) < 22:
+        assert time.monotonic() < deadline, f"neither W&B nor step 22 within 240 s: {steps(run_dir)}"
         time.sleep(0.1)
     subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, timeout=30)
     assert wait_for_job(job_id, timeout=600) == "COMPLETED"
