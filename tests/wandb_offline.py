@@ -66,3 +66,10 @@ def offline_history(wandb_dir: Path, run_id: str) -> list[tuple[str, int, dict[s
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             rows.append((folder.name, record.history.step.num, items))
     return rows
+
+
+def attempts_that_opened_wandb(run_dir: Path) -> list[Path]:
+    """Rank 0's logs (one per attempt) that say the attempt's W&B run started: each such attempt has one offline
+    folder. An attempt that ends before its W&B run is up (the import alone takes seconds on busy cores) has none,
+    and leaves its rows to the next attempt, which sends them from metrics.jsonl."""
+    return [log for log in (run_dir / "logs").glob("rank_0*.log") if "logging to W&B run" in log.read_text()]

@@ -12,7 +12,7 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
-from ..wandb_offline import offline_history
+from ..wandb_offline import attempts_that_opened_wandb, offline_history
 
 pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
 pytest.importorskip("wandb", reason="the wandb package is in the test extra")
@@ -84,9 +84,8 @@ def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cl
 
     # W&B, offline: a folder per attempt, under the run dir; the steps between them each once.
     history = offline_history(run_dir, runs["wandb"].run_id)
-    opened = [log for log in (run_dir / "logs").glob("rank_0*.log") if "logging to W&B run" in log.read_text()]
     folders = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(folders) == len(opened) >= 1, folders  # a folder per attempt that opened W&B
+    assert len(folders) == len(attempts_that_opened_wandb(run_dir)) >= 1, folders
     assert [step for _, step, _ in history] == sorted(expected)
     assert [values["train_loss"] for _, _, values in history] == pytest.approx(
         [expected[s]["train_loss"] for s in sorted(expected)]

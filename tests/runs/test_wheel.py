@@ -74,8 +74,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(wheel: Path, base: Path) -> Path:
     """A venv with ``wheel`` installed as a user installs it: ``pip install torch==2.13.0``, then the wheel.
 
-    Installing torch and the dependencies takes a minute, so the venv is kept in CACHE, keyed by what decides its contents besides the wheel itself: the
-    Python, the torch pin and the wheel's Requires-Dist lines. A kept
+    Installing torch and the dependencies takes a minute, so the venv is kept in CACHE, keyed by what decides its
+    contents besides the wheel itself: the Python, the torch pin and the wheel's Requires-Dist lines. A kept
     venv is used again only if its packages are still exactly those it was made with; the wheel is then
     reinstalled into it (pip removes every file the previous build installed) and ``pip install wheel torch``
     must find every dependency satisfied, as it would in a fresh venv.
