@@ -22,7 +22,9 @@ _WHOLE, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 def _records(path: Path) -> Iterator[bytes]:
-    data = path.read_bytes()
+    data = path.read_bytes() if path.is_file() else b""
+    if len(data) < _HEADER.size:  # an attempt that ended inside wandb.init: a folder, no rows
+        return
     ident, magic, _version = _HEADER.unpack_from(data, 0)
     assert (ident, magic) == (b":W&B", 0xBEE1), f"{path} is not a W&B run file"
     pos, parts = _HEADER.size, b""

@@ -136,9 +136,11 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     assert {m.step: m.value for m in history} == pytest.approx({s: r["train_loss"] for s, r in rows.items()})
 
     offline = offline_history(run_dir, runs["wandb"].run_id)
-    # One offline folder per attempt that started W&B (tests/wandb_offline.py says why not every attempt does).
+    # An offline folder per attempt that started W&B (tests/wandb_offline.py says why not every attempt does),
+    # all of the one run; an attempt that ends inside wandb.init can leave a folder and no "logging to" line.
     folders = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(folders) == len(attempts_that_opened_wandb(run_dir)) >= 1, folders
+    assert 1 <= len(attempts_that_opened_wandb(run_dir)) <= len(folders) <= 3, folders
+    assert all(f.name.endswith("-" + runs["wandb"].run_id) for f in folders), folders
     # The killed attempt's rows never reached its file (W&B's service writes them): the attempt after it sent
     # them again from metrics.jsonl, up to its checkpoint. Every step once, in order.
     assert [step for _, step, _ in offline] == sorted(rows)

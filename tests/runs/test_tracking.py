@@ -85,7 +85,10 @@ def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cl
     # W&B, offline: a folder per attempt, under the run dir; the steps between them each once.
     history = offline_history(run_dir, runs["wandb"].run_id)
     folders = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(folders) == len(attempts_that_opened_wandb(run_dir)) >= 1, folders
+    # At most one per attempt, all of the one run; an attempt that ends inside wandb.init can leave a folder and
+    # no "logging to W&B run" line.
+    assert 1 <= len(attempts_that_opened_wandb(run_dir)) <= len(folders) <= 2, folders
+    assert all(f.name.endswith("-" + runs["wandb"].run_id) for f in folders), folders
     assert [step for _, step, _ in history] == sorted(expected)
     assert [values["train_loss"] for _, _, values in history] == pytest.approx(
         [expected[s]["train_loss"] for s in sorted(expected)]
