@@ -19,7 +19,7 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import wait_for_ranks
+from ..conftest import REPO, wait_for_ranks, wait_for_step
 from ..wandb_offline import attempts_that_opened_wandb, offline_history
 from .conftest import SLURM_2X1, cli, submit_job, wait_for_job
 
@@ -150,3 +150,49 @@ def test_a_preempted_and_restarted_job_is_one_run_with_every_step_once(tmp_path:
     assert drawn.returncode == 0 and drawn.stdout.strip() == str(run_dir / "plots" / "timeline.png"), drawn.stderr
     status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
     assert f"{run_dir}: 2 allocation(s), 3 attempt(s): waiting in the queue " in status, status
+
+
+def test_a_hugging_face_script_preempted_and_restarted_is_one_run_with_every_step_once(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """A Hugging Face Trainer script with ``report_to=["mlflow", "wandb"]`` and the PreemptionCallback, on the
+    testbed against the real MLflow server: stopped by USR2 past step 12 (requeued), then its requeued attempt
+    raises at step 37 after reporting step 35 and is restarted in the allocation from checkpoint-30. MLflow and
+    W&B each hold one run with every reported step once: 35, trained twice, is reported once. (One node, one
+    rank: the reporting is rank 0's, and each rank's import of transformers costs the testbed's cores ~8 s.)"""
+    pytest.importorskip("transformers", reason="the Hugging Face Trainer is in the test extra")
+    from mlflow.tracking import MlflowClient
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    args = f"[--out,{out},--steps,50,--sleep,0.1,--report-to,'mlflow,wandb',--logging-steps,5,--save-steps,10"
+    args += ",--fail-at,37]"
+    job = [
+        *["cluster=slurm", "cluster.nodes=1", "cluster.tasks_per_node=1"],
+        f"script.path={REPO / 'hpc_train' / 'examples' / 'hf_trainer.py'}",
+        f"script.args={args}",
+        f"tracking.mlflow.uri={mlflow_server}",
+        "tracking.mlflow.experiment=slurm-hf",
+        "tracking.wandb.project=slurm-hf",
+        "tracking.wandb.mode=offline",
+    ]
+    job_id = submit_job(run_dir, *job)
+    at = wait_for_step(out, 1, 12, timeout=300)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job_id], check=True, timeout=30)
+    assert wait_for_job(job_id, timeout=600) == "COMPLETED"
+
+    rd = RunDir(run_dir)
+    outcomes = [(a.attempt, str(a.outcome)) for a in rd.attempt_records()]
+    assert outcomes == [(0, "stopped"), (1, "failed"), (2, "completed")], outcomes
+    starts = [int(s) for s in (out / "starts.txt").read_text().split()]
+    assert len(starts) == 3 and starts[0] == 0 and at <= starts[1] < 30 and starts[2] == 30, (at, starts)
+
+    runs = {r.tracker: r for r in rd.tracker_runs()}
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("slurm-hf")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [runs["mlflow"].run_id]
+    steps = sorted(m.step for m in client.get_metric_history(runs["mlflow"].run_id, "loss"))
+    assert steps == list(range(5, 51, 5)), steps  # each once, none missing: 35 once though trained twice
+
+    rows = [values for _, _, values in offline_history(run_dir, runs["wandb"].run_id) if "train/loss" in values]
+    assert [r["train/global_step"] for r in rows] == list(range(5, 51, 5))
