@@ -1,6 +1,6 @@
 """Experiment trackers across attempts, with real stores: one MLflow run and one W&B run (offline files) per run
-dir and every step once, after a crash that makes the resumed attempt train (and log) steps again; TensorBoard
-purges the redone steps."""
+dir and every step once, after a crash that makes the resumed attempt train (and log) steps again, on another
+shape (2 ranks, then 1); TensorBoard purges the redone steps."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
 pytest.importorskip("wandb", reason="the wandb package is in the test extra")
 
 # Rows every 5 steps, a checkpoint every 15: a failure at step 23 leaves rows 5..20 logged and the checkpoint
-# of step 15, so the resumed attempt trains step 20 again (and must not log it twice). One rank: the trackers
-# are rank 0's.
+# of step 15, so the resumed attempt trains step 20 again (and must not log it twice). The trackers are rank
+# 0's: one rank, unless a test resumes on another shape.
+ONE_RANK = ["cluster.tasks_per_node=1"]
 JOB = [
-    "cluster.tasks_per_node=1",
     "trainer.max_steps=30",
     "trainer.max_epochs=0",
     "data.num_samples=1400",
@@ -49,7 +49,8 @@ def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cl
         "tracking.wandb.project=resume-test",
         "tracking.wandb.mode=offline",
     ]
-    failed, run_dir = run_cli(*job, env={"HPC_TRAIN_FAULT": "rank=0,step=23,kind=raise"})
+    # Failed on 2 ranks, resumed on 1 (accumulating 2 batches): the runs are the run dir's, whatever its shape.
+    failed, run_dir = run_cli(*job, "cluster.tasks_per_node=2", env={"HPC_TRAIN_FAULT": "rank=0,step=23,kind=raise"})
     assert failed.returncode == 1, failed.stderr[-3000:]
     created = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
     assert set(created) == {"mlflow", "wandb"}
@@ -57,9 +58,9 @@ def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cl
     # alone can outlast the attempt, and then the next attempt sends every row (asserted below).
     assert {r.logged_step for r in created.values()} <= {None, 5, 10, 15, 20}, created
 
-    resumed, _ = run_cli(*job, run_dir=run_dir)
+    resumed, _ = run_cli(*job, *ONE_RANK, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert "resumed from 1 node x 2 tasks" in (run_dir / "logs" / "rank_0.restart1.log").read_text()
     runs = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
     assert {name: (r.run_id, r.logged_step) for name, r in runs.items()} == {
         name: (r.run_id, 30) for name, r in created.items()
