@@ -14,7 +14,8 @@ scripts and later tools find a run's outputs by them, and every module here reac
     checkpoints/step_<9 digits>.pt   (a damaged one is renamed step_<9 digits>.pt.damaged)
     logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
     status/rank_<r>.json       each rank's state (a heartbeat while it trains)
-    status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned
+    status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned;
+                               and a copy of trackers.json, made at each checkpoint
     status/restarts.json       one entry per attempt that stopped on a signal
     status/reshapes.json       one entry per resubmission on another shape (nodes x tasks), from what onto what
     status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
@@ -112,6 +113,11 @@ def _checked_list(path: Path, kind: type[_Record], what: str) -> tuple[list[_Rec
     entries, unreadable = _load(path)
     if unreadable:
         return [], [unreadable]
+    return _checked_entries(entries, path, kind, what)
+
+
+def _checked_entries(entries: Any, path: Path, kind: type[_Record], what: str) -> tuple[list[_Record], list[str]]:
+    """``_checked_list`` for a list already read (``path`` names where it came from)."""
     if entries is None:
         return [], []
     if not isinstance(entries, list):
@@ -423,6 +429,13 @@ class RunDir:
     def tracker_run(self, tracker: str, store: str) -> TrackerRun | None:
         """The run of ``tracker`` in ``store`` (None: not created yet)."""
         return next((r for r in self.tracker_runs() if (r.tracker, r.store) == (tracker, store)), None)
+
+    def checkpointed_tracker_runs(self) -> list[TrackerRun]:
+        """The tracker runs the checkpoint ledger names: a copy made at each checkpoint, which keeps the runs'
+        ids when ``status/trackers.json`` is lost. Its ``logged_step`` is as of that checkpoint."""
+        ledger = read_json(self.checkpoint_ledger)
+        entries = ledger.get("trackers") if isinstance(ledger, dict) else None
+        return _checked_entries(entries, self.checkpoint_ledger, TrackerRun, "trackers")[0]
 
     def write_tracker_run(self, run: TrackerRun) -> None:
         """Add ``run``, or replace the entry of its tracker and store."""

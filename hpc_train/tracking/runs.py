@@ -16,6 +16,7 @@ import secrets
 import string
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hpc_train.config import Config, TrackingConfig
@@ -114,7 +115,7 @@ def ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
 def _ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
     runs = []
     if cfg.tracking.mlflow.enabled:
-        run = run_dir.tracker_run("mlflow", cfg.tracking.mlflow.uri)
+        run = run_dir.tracker_run("mlflow", cfg.tracking.mlflow.uri) or _from_checkpoints(run_dir, "mlflow", cfg)
         if run is None:
             try:
                 run = _create_mlflow_run(run_dir, cfg)
@@ -124,7 +125,7 @@ def _ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
             runs.append(run)
     if cfg.tracking.wandb.enabled:
         store = wandb_store(cfg.tracking)
-        run = run_dir.tracker_run("wandb", store)
+        run = run_dir.tracker_run("wandb", store) or _from_checkpoints(run_dir, "wandb", cfg)
         if run is None:
             # W&B takes the id the first wandb.init gives it: no server is needed to make one.
             alphabet = string.ascii_lowercase + string.digits
@@ -133,6 +134,30 @@ def _ensure_runs(run_dir: RunDir, cfg: Config) -> list[TrackerRun]:
             run_dir.write_tracker_run(run)
         runs.append(run)
     return runs
+
+
+def _from_checkpoints(run_dir: RunDir, tracker: str, cfg: Config) -> TrackerRun | None:
+    """The run the checkpoint ledger names for ``tracker`` in the configured store, when the run dir's own record
+    is gone: the run is continued rather than a second one begun. MLflow is asked for the latest step it holds
+    (the ledger's copy is as of the newest checkpoint, and rows past it may have been logged)."""
+    store = cfg.tracking.mlflow.uri if tracker == "mlflow" else wandb_store(cfg.tracking)
+    run = next((r for r in run_dir.checkpointed_tracker_runs() if (r.tracker, r.store) == (tracker, store)), None)
+    if run is None:
+        return None
+    if tracker == "mlflow":
+        with mlflow_client(store) as client:
+            held = [m.step for m in client.get_metric_history(run.run_id, "train_loss")]
+        run = replace(run, logged_step=max([*held, run.logged_step or 0]) or None)
+    # W&B cannot be asked offline: an online run drops a row below its latest step, but an offline one may then
+    # hold the rows logged after that checkpoint twice.
+    run_dir.write_tracker_run(run)
+    log.warning(
+        "hpc_train: %s had no %s run; continuing %s, which the checkpoint ledger names",
+        run_dir.trackers,
+        tracker,
+        run.run_id,
+    )
+    return run
 
 
 def _create_mlflow_run(run_dir: RunDir, cfg: Config) -> TrackerRun:

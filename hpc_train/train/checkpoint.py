@@ -182,7 +182,14 @@ class Checkpoints:
         return _Ledger(records=sorted(records, key=lambda r: r.step), writing=writing, found=True)
 
     def _write(self, ledger: _Ledger, durable: bool = True) -> None:
-        record = {"checkpoints": [asdict(r) for r in ledger.records], "writing": ledger.writing, **self._identity()}
+        # With a copy of the tracker runs: their ids outlive a lost status/trackers.json (tracking.ensure_runs).
+        trackers = [r.to_json() for r in self.run_dir.tracker_runs()]
+        record = {
+            "checkpoints": [asdict(r) for r in ledger.records],
+            "writing": ledger.writing,
+            "trackers": trackers,
+            **self._identity(),
+        }
         write_json_atomic(self.run_dir.checkpoint_ledger, record, durable)
 
     def records(self) -> list[CheckpointRecord]:

@@ -576,6 +576,7 @@ class Trainer:
             "early_stopping": [self.early_stopping.best, self.early_stopping.bad_validations],
             "synthetic_version": SYNTHETIC_VERSION,
             "config": self._config_dict(),
+            "trackers": [r.to_json() for r in self.run_dir.tracker_runs()],  # which runs hold this run's rows
         }
 
     def _resume(self) -> None:

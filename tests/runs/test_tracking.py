@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,13 @@ def test_a_failed_and_resumed_run_is_one_tracker_run_with_every_step_once(run_cl
         name: (r.run_id, 30) for name, r in created.items()
     }
     run = runs["mlflow"]
+    # The checkpoints say which runs hold their rows too (and the ledger keeps a copy: the next test).
+    from hpc_train.train.checkpoint import load_checkpoint
+
+    newest = max((run_dir / "checkpoints").glob("step_*.pt"))
+    assert {t["tracker"]: t["run_id"] for t in load_checkpoint(newest)["trackers"]} == {
+        name: r.run_id for name, r in runs.items()
+    }
 
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name("resume-test")
@@ -217,3 +225,36 @@ def test_an_unreachable_tracker_is_one_warning_and_never_the_end(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "could not create the MLflow run" in warnings[0], warnings
     assert RunDir(tmp_path).tracker_runs() == []
+
+
+def test_a_lost_run_record_is_brought_back_from_the_checkpoint_ledger(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """status/trackers.json gone (removed by hand, or damaged): the next launch continues
+    the runs the checkpoint ledger names instead of beginning second ones, and MLflow says which steps it holds
+    beyond the ledger's copy (as of its checkpoint), so that none is logged twice."""
+    from mlflow.tracking import MlflowClient
+
+    from hpc_train.config import Config, MlflowConfig, TrackingConfig, WandbConfig
+    from hpc_train.tracking import ensure_runs
+    from hpc_train.train.checkpoint import Checkpoints
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking = TrackingConfig(mlflow=MlflowConfig(uri=store, experiment="lost"), wandb=WandbConfig(project="lost"))
+    cfg = Config(tracking=tracking)
+    rd = RunDir(tmp_path / "run")
+    made = {r.tracker: r for r in ensure_runs(rd, cfg)}
+    for step in (5, 10, 15, 20):  # rank 0 logged up to 20; its record said 10 when the checkpoint of 15 was made
+        MlflowClient(store).log_metric(made["mlflow"].run_id, "train_loss", 1.0 / step, step=step)
+    for run in made.values():
+        rd.write_tracker_run(replace(run, logged_step=10))
+    Checkpoints(rd).save({"step": 15}, step=15, keep=2)
+    rd.trackers.unlink()
+
+    back = {r.tracker: r for r in ensure_runs(rd, cfg)}
+    assert {name: r.run_id for name, r in back.items()} == {name: r.run_id for name, r in made.items()}
+    assert back["mlflow"].logged_step == 20 and back["wandb"].logged_step == 10
+    assert rd.tracker_runs() == list(back.values())
+    experiment = MlflowClient(store).get_experiment_by_name("lost")
+    assert len(MlflowClient(store).search_runs([experiment.experiment_id])) == 1
+    assert sum("which the checkpoint ledger names" in r.getMessage() for r in caplog.records) == 2
