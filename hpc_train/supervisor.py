@@ -1,4 +1,5 @@
-"""``python -m hpc_train.supervisor --run-dir RUN_DIR``: the batch step of every Slurm job, kept as an alias.
+"""``python -m hpc_train.supervisor --run-dir RUN_DIR`` (``--pack RUN_DIR...`` for a pack): the batch step of every
+Slurm job, kept as an alias.
 
 The code is in ``hpc_train.runtime.supervisor``.
 """

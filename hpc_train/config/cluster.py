@@ -254,6 +254,10 @@ class ClusterConfig(Checked):
     signal: str = "USR2"
     """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
     which every rank catches as its notice to checkpoint and stop."""
+    pack: int = 1
+    """Sweep points per Slurm job (``-m`` with ``cluster=slurm``): K points share one allocation, each a job step
+    of its own shape that runs beside the others, so a sweep is ceil(points / K) jobs. 1: one job per point.
+    The job asks for K points' worth of tasks, GPUs and memory on each of ``nodes`` nodes (``hpc_train.runtime.pack``)."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
     CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
@@ -283,6 +287,7 @@ class ClusterConfig(Checked):
         self._bounded("timeout_min", 0.0, YEAR_MIN, 60, above=True, why="365 days")
         self._bounded("failure_grace_s", 0.0, YEAR_S, 15, why="365 days")
         self._check_signal()
+        self._check_pack()
         if self.gpus_per_node:  # on every launcher: the local one gives its ranks gpus_per_node GPUs too
             self._require(
                 self.ranks_per_node <= self.gpus_per_node,
@@ -307,6 +312,32 @@ class ClusterConfig(Checked):
             )
         if self.launcher == "slurm":
             self.slurm.check(self)
+
+    def _check_pack(self) -> None:
+        """cluster.pack: its members share the allocation's nodes, each as one srun step of cluster.nodes nodes."""
+        self._bounded("pack", 1, 1024, 1, why="a job of more steps than that is no longer small runs")
+        if self.pack == 1:
+            return
+        self._require(
+            self.launcher == "slurm",
+            "pack",
+            f"packing puts the points of a sweep into Slurm jobs, but cluster.launcher={self.launcher} runs them here, "
+            "one after another",
+            "set cluster.pack=1, or use cluster=slurm",
+        )
+        self._require(
+            self.slurm.submit != "here",
+            "pack",
+            "cluster.slurm.submit=here trains in the allocation this shell holds, one run after another",
+            "set cluster.pack=1, or submit the sweep as jobs (cluster.slurm.submit=submitit or sbatch)",
+        )
+        self._require(
+            not self.slurm.spare_nodes and self.min_nodes is None,
+            "pack",
+            "the members of a pack share the allocation's nodes, so a lost node cannot be swapped for a spare "
+            "(cluster.slurm.spare_nodes) or left out (cluster.min_nodes) for one member alone",
+            "set cluster.pack=1 to keep spares or min_nodes, or drop them to pack",
+        )
 
     def _check_signal(self) -> None:
         """cluster.signal is one every rank catches as its notice to checkpoint and stop (on every launcher: the

@@ -12,10 +12,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-__all__ = ["ATTEMPT_VARIABLE", "JobIdentity"]
+__all__ = ["ATTEMPT_VARIABLE", "PACK_VARIABLE", "JobIdentity", "in_pack"]
 
 ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
 """The attempt number the Slurm supervisor gives each training step (and a script's ranks inherit)."""
+PACK_VARIABLE = "HPC_TRAIN_PACK"
+"""``<member index>/<members>`` in the environment of a pack member's supervisor and of its ranks
+(``cluster.pack``, ``hpc_train.runtime.pack``)."""
+
+
+def in_pack(environ: Mapping[str, str] | None = None) -> bool:
+    """This process is (or runs under) a member of a pack."""
+    return bool((os.environ if environ is None else environ).get(PACK_VARIABLE))
 
 
 def _count(raw: str | None) -> int | None:

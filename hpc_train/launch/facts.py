@@ -22,6 +22,7 @@ from hpc_train.core.errors import ConfigError
 __all__ = [
     "ClusterFacts",
     "Partition",
+    "check_pack",
     "check_request",
     "explain_slurm_refusal",
     "facts_for",
@@ -258,6 +259,35 @@ def check_request(cluster: ClusterConfig, facts: ClusterFacts) -> None:
             f"{where} allows at most {part.max_time_min:g} minutes (MaxTime)",
             f"set cluster.timeout_min={part.max_time_min:g} or less, and rely on requeue for longer training",
         )
+
+
+def check_pack(cluster: ClusterConfig, facts: ClusterFacts, pack: int) -> None:
+    """Refuse a pack (``cluster.pack``) whose members together need more of a node than its partition's nodes
+    have: each member's tasks x CPUs, GPUs and memory, ``pack`` times over. ConfigError naming cluster.pack."""
+    part = facts.partitions.get(cluster.slurm.partition) if cluster.slurm.partition else facts.default_partition
+    if pack <= 1 or part is None:
+        return
+    where = f"partition {part.name}" + (" (the default)" if not cluster.slurm.partition else "")
+    cpus = cluster.tasks_per_node * cluster.cpus_per_task
+    mem = mem_mb(cluster.slurm.mem) if cluster.slurm.mem else 0
+    needs = [  # (what one member takes of a node, what a node has, its unit)
+        (cpus, part.cpus, "CPUs"),
+        (cluster.gpus_per_node, part.gpus, "GPUs"),
+        (mem, part.mem_mb, "MB of memory"),
+    ]
+    for one, have, unit in needs:
+        if one and have and one * pack > have:
+            fits = have // one
+            fix = (
+                f"set cluster.pack={fits} or fewer" if fits > 1 else "set cluster.pack=1 (a member alone fills a node)"
+            )
+            raise _refuse(
+                "pack",
+                pack,
+                f"{pack} members x {one} {unit} each = {one * pack} {unit} on each node, but the nodes of {where} "
+                f"have {have}",
+                f"{fix}, or ask less of each member",
+            )
 
 
 _SLURM_WORDS = [

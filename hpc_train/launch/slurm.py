@@ -27,7 +27,7 @@ from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.signals import held
 from hpc_train.core.textutil import plural
-from hpc_train.launch.facts import ClusterFacts, check_request, explain_slurm_refusal, facts_for
+from hpc_train.launch.facts import ClusterFacts, check_pack, check_request, explain_slurm_refusal, facts_for
 from hpc_train.launch.here import inside_allocation, launch_here
 from hpc_train.launch.sbatch import (
     JobSpec,
@@ -110,10 +110,11 @@ def _submit(
     leases: Sequence[owner.Lease],
 ) -> list[str]:
     # Live Slurm where it answers (a dry run too), else the facts a profile recorded, if any.
+    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir, pack=cfg.cluster.pack)
     facts = facts_for(cfg.cluster, live=True)
     if facts is not None:
         check_request(cfg.cluster, facts)
-    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir)
+        check_pack(cfg.cluster, facts, spec.pack)
     # One job's script is in its run dir; an array's, with Slurm's output files, in the sweep's log folder.
     script = run_dirs[0].sbatch_script if len(run_dirs) == 1 else log_dir / run_dirs[0].sbatch_script.name
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
@@ -134,23 +135,28 @@ def _submit(
             array_id, outputs = _submit_sbatch(script, spec)
         else:
             array_id, outputs = _submit_submitit(cfg, spec, run_dirs, log_dir)
-        job_ids = [f"{array_id}_{i}" for i in range(len(run_dirs))] if spec.is_array else [array_id]
+        # One id per run dir: the members of a pack share their job's.
+        job_ids = [f"{array_id}_{i // spec.pack}" if spec.is_array else array_id for i in range(len(run_dirs))]
         SUBMITTED.extend(zip(job_ids, (rd.path for rd in run_dirs), strict=True))
         for lease, job_id in zip(leases, job_ids, strict=True):
             lease.hand_to_job(job_id)  # first: from here on the job owns its run dir
         for i, rd in enumerate(run_dirs):
-            record = {
+            element = i // spec.pack
+            record: dict[str, Any] = {
                 "scheduler": "slurm",
                 "submit": cfg.cluster.slurm.submit,
                 "job_id": job_ids[i],
                 "array_job_id": array_id if spec.is_array else None,
-                "array_index": i if spec.is_array else None,
+                "array_index": element if spec.is_array else None,
                 "script": str(script),
-                "slurm_output": outputs[i],
+                "slurm_output": outputs[element],
                 "world_size": cfg.cluster.world_size,
                 "overrides": list(overrides[i]) if overrides else [],
                 "submitted": time.time(),
             }
+            if spec.packed:  # the runs it shares its job with, itself included, in the order of the sweep
+                members = run_dirs[element * spec.pack : (element + 1) * spec.pack]
+                record["pack"] = {"index": i % spec.pack, "members": [str(m.path.resolve()) for m in members]}
             rd.write_job_record(record)
     return job_ids
 
@@ -207,7 +213,7 @@ def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
     out = _command(["sbatch", "--parsable", str(script)], "sbatch")
     job_id = out.strip().splitlines()[-1].split(";")[0]  # --parsable: "<id>[;<cluster>]"; warnings go to stderr
     if spec.is_array:
-        outputs = [spec.output.replace("%A", job_id).replace("%a", str(i)) for i in range(len(spec.run_dirs))]
+        outputs = [spec.output.replace("%A", job_id).replace("%a", str(i)) for i in range(spec.jobs)]
     else:
         outputs = [spec.output.replace("%j", job_id)]
     return job_id, outputs
@@ -225,7 +231,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
     flags = dict(spec.flags)
     params: dict[str, Any] = {
         "nodes": cluster.allocated_nodes,
-        "ntasks_per_node": cluster.tasks_per_node,
+        "ntasks_per_node": int(flags["ntasks-per-node"] or 1),  # a pack's: its members' tasks together
         "cpus_per_task": cluster.cpus_per_task,
         "time": int(flags.pop("time") or 1),
         "job_name": cluster.slurm.job_name,
@@ -237,18 +243,25 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         ],
         # The batch step runs the supervisor, which runs the training steps with srun (and again after a failure).
         "use_srun": False,
-        "array_parallelism": cluster.slurm.array_parallelism or len(run_dirs),
+        "array_parallelism": cluster.slurm.array_parallelism or spec.jobs,
     }
     for key in ("nodes", "ntasks-per-node", "cpus-per-task", "job-name"):
         flags.pop(key)
     # signal, GPUs, partition, account, ... and cluster.slurm.sbatch_args; submitit writes True as a bare flag.
     params["additional_parameters"] = {k: True if v is None else v for k, v in flags.items()}
     executor.update_parameters(**params)
+    paths = [str(rd.path) for rd in run_dirs]
     try:
-        if len(run_dirs) == 1:
-            jobs = [executor.submit(supervisor.run, str(run_dirs[0].path))]
+        if spec.packed:
+            packs = [paths[i : i + spec.pack] for i in range(0, len(paths), spec.pack)]
+            if len(packs) == 1:
+                jobs = [executor.submit(supervisor.run_packed, packs[0])]
+            else:
+                jobs = executor.map_array(supervisor.run_packed, packs)
+        elif len(run_dirs) == 1:
+            jobs = [executor.submit(supervisor.run, paths[0])]
         else:
-            jobs = executor.map_array(supervisor.run, [str(rd.path) for rd in run_dirs])
+            jobs = executor.map_array(supervisor.run, paths)
     except Exception as exc:
         raise LaunchError(f"submitit could not submit the job: {explain_slurm_refusal(str(exc))}") from exc
     array_id = jobs[0].job_id.split("_")[0]

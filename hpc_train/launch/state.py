@@ -199,6 +199,9 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)
     failures = _reported_failures(statuses)
+    ended = attempts[-1].outcome in (AttemptOutcome.FATAL, AttemptOutcome.GAVE_UP) if attempts else False
+    if ended and record.get("pack") and squeue in ACTIVE_STATES:  # its job runs on for the pack's other members
+        return verdict("FAILED", done=True, detail="; ".join([*notes, *failures]))
     if squeue in ACTIVE_STATES:
         return verdict(squeue, done=False, ok=False, detail="; ".join([*notes, *failures]))
     if squeue == UNREACHABLE and sacct is None:

@@ -121,7 +121,12 @@ def _submit_array(
         job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
     if job_ids:
         array_id = job_ids[0].split("_")[0]
-        print(f"hpc_train: submitted {len(job_ids)} runs as Slurm job array {array_id}. Sweep dir: {sweep_dir}")
+        jobs = len(dict.fromkeys(job_ids))
+        if jobs < len(job_ids):  # cluster.pack
+            how = f"in {jobs} pack(s) of up to {typed[0].cluster.pack}, as Slurm job {'array ' * (jobs > 1)}{array_id}"
+        else:
+            how = f"as Slurm job array {array_id}"
+        print(f"hpc_train: submitted {len(job_ids)} runs {how}. Sweep dir: {sweep_dir}")
         print(f"  collect: python -m hpc_train.jobs collect {sweep_dir}")
         print(f"  cancel:  python -m hpc_train.jobs cancel {array_id}", flush=True)
     returns = []

@@ -10,7 +10,8 @@ inside the step, forever), ``freeze`` (SIGSTOP to itself: frozen, as a rank on a
 halfway through writing the checkpoint of that step, on rank 0), ``termsave`` (SIGTERM to itself while writing
 the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
 (init_process_group), ``step=N`` after the N-th optimizer step. ``attempt=K`` arms it in attempt K only (the
-supervisor's restarts would otherwise meet it again).
+supervisor's restarts would otherwise meet it again). ``member=M`` arms it in member M of a pack only
+(``cluster.pack``: the members share the job's environment).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from hpc_train.core.identity import PACK_VARIABLE
 from hpc_train.train.hooks import Serialize, StepObserver
 
 __all__ = ["VARIABLE", "Fault", "FaultObserver", "armed_fault", "fault_from_env"]
@@ -87,9 +89,10 @@ class FaultObserver(StepObserver):
         return self.fault.checkpoint_writer(self.rank, serialize)
 
 
-def fault_from_env(value: str | None = None, attempt: int = 0) -> Fault | None:
+def fault_from_env(value: str | None = None, attempt: int = 0, member: int | None = None) -> Fault | None:
     """The fault ``HPC_TRAIN_FAULT`` asks for, or None; ValueError when it does not parse. With ``attempt=K``
-    in it, the fault is armed in attempt K only (``attempt`` is this one's number); without, in every attempt."""
+    in it, the fault is armed in attempt K only (``attempt`` is this one's number); without, in every attempt.
+    With ``member=M``, in member M of a pack only (``member``: this one's index, None outside a pack)."""
     raw = os.environ.get(VARIABLE, "") if value is None else value
     if not raw:
         return None
@@ -97,10 +100,14 @@ def fault_from_env(value: str | None = None, attempt: int = 0) -> Fault | None:
         fields = dict(item.split("=", 1) for item in raw.split(","))
         fault = Fault(rank=int(fields["rank"]), step=int(fields["step"]), kind=fields.get("kind", "raise"))
         only_in = int(fields["attempt"]) if "attempt" in fields else None
+        only_member = int(fields["member"]) if "member" in fields else None
     except (KeyError, ValueError):
-        raise ValueError(f"{VARIABLE}={raw!r}: expected 'rank=R,step=S,kind={'|'.join(KINDS)}[,attempt=A]'") from None
+        expected = f"rank=R,step=S,kind={'|'.join(KINDS)}[,attempt=A][,member=M]"
+        raise ValueError(f"{VARIABLE}={raw!r}: expected '{expected}'") from None
     if fault.kind not in KINDS:
         raise ValueError(f"{VARIABLE}={raw!r}: kind must be one of {', '.join(KINDS)}")
+    if only_member is not None and only_member != member:
+        return None
     return fault if only_in is None or only_in == attempt else None
 
 
@@ -108,7 +115,8 @@ def armed_fault(environ: Mapping[str, str] | None = None, attempt: int = 0) -> F
     """``fault_from_env``, with a warning in every rank's log when a fault is armed: a variable left set in a
     shell would otherwise fail a real run with no hint why."""
     environ = os.environ if environ is None else environ
-    fault = fault_from_env(environ.get(VARIABLE, ""), attempt)
+    pack = environ.get(PACK_VARIABLE, "")
+    fault = fault_from_env(environ.get(VARIABLE, ""), attempt, int(pack.split("/")[0]) if pack else None)
     if fault is not None:
         log.warning(
             "%s is set: rank %d will fail on purpose (%s) at step %d. This is a testing aid; unset it for real runs",

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core.errors import LaunchError
-from hpc_train.core.identity import JobIdentity
+from hpc_train.core.identity import JobIdentity, in_pack
 from hpc_train.core.records import RankState, RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import at_step
@@ -119,6 +119,9 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
     outcome = replace(outcome, requeued=target)
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
     rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
+    if in_pack():  # the pack's supervisor requeues the job once, when every member has stopped or finished
+        log.warning("stopped %s on signal %d; the pack's supervisor requeues %s", at_step(fit.step), fit.signal, target)
+        return outcome
     log.warning(
         "stopped %s on signal %d; requeueing %s (restart %d)", at_step(fit.step), fit.signal, target, job.attempt + 1
     )

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from hpc_train.config import ClusterConfig
@@ -31,8 +31,11 @@ def say(message: str, stream: IO[str] | None = None) -> None:
     print(f"hpc_train supervisor: {message}", file=stream or sys.stderr, flush=True)
 
 
-def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str) -> list[str]:
-    """The srun command of one training step on ``nodes``; cluster.slurm.srun_args come last, so they win."""
+def step_argv(
+    rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str, share: Sequence[str] = ()
+) -> list[str]:
+    """The srun command of one training step on ``nodes``; ``share``: a pack member's options for its part of
+    the allocation (``runtime.pack``). cluster.slurm.srun_args come last, so they win."""
     srun, *options = srun_argv(cluster)
     return [
         srun,
@@ -41,6 +44,7 @@ def step_argv(rd: RunDir, cluster: ClusterConfig, nodes: list[str], python: str)
         f"--ntasks-per-node={cluster.tasks_per_node}",
         f"--cpus-per-task={cluster.cpus_per_task}",
         f"--nodelist={','.join(nodes)}",
+        *share,
         *options,
         *cluster.container_argv,
         python,
@@ -56,13 +60,16 @@ class SrunStep:
     """One srun. Its stderr is copied through byte for byte (a progress bar's carriage returns included) and
     srun's own lines (``srun: ...``) are kept, the latest ``SRUN_LINES``, for ``SrunReport``."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], forward_stop: int = 0) -> None:
+    def __init__(self, argv: list[str], env: Mapping[str, str], forward_stop: int = 0, hasty: bool = False) -> None:
         self.lines: deque[str] = deque(maxlen=SRUN_LINES)
         self.launch_timed_out = False
         """No rank started within the launch time: ``wait`` ended srun."""
         self.forward_stop = forward_stop
         """The signal to pass to srun when this process gets a stop (0: none). Not SIGTERM or SIGINT: srun
         answers those by ending the step, with SIGKILL after KillWait; it forwards USR1/USR2 to the tasks."""
+        self.hasty = hasty
+        """A second stop signal ends the step at once (a second Ctrl-C at a terminal). Not in a pack, where a
+        member may hear the stop both from Slurm and from the pack's supervisor."""
         # Forwarding (an interactive allocation): srun gets its own process group, so that a terminal's Ctrl-C
         # reaches only the supervisor, which passes a stop on; srun's own first Ctrl-C only prints status.
         self.proc = subprocess.Popen(argv, env=dict(env), stderr=subprocess.PIPE, start_new_session=bool(forward_stop))
@@ -97,7 +104,7 @@ class SrunStep:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if self.forward_stop and signals.count > 1:  # a second Ctrl-C: no checkpoint wanted, end it now
+            if self.hasty and signals.count > 1:  # a second Ctrl-C: no checkpoint wanted, end it now
                 say("a second stop signal; ending srun")
                 code = self.end()
                 break

@@ -4,7 +4,8 @@ Every Slurm job of hpc_train runs this in its batch step (``python -m hpc_train.
 in the sbatch script, or the call submitit pickles). It picks ``cluster.nodes`` healthy nodes of the
 allocation, runs the training step on them with srun (``python -m hpc_train.worker`` on every task) and waits.
 When the step fails in a way worth retrying (``hpc_train.runtime.failures``), it starts a new step in the same
-allocation: no new job, no queue wait. The ranks resume from the newest complete checkpoint.
+allocation: no new job, no queue wait. The ranks resume from the newest complete checkpoint. A packed job
+(``cluster.pack``) runs ``--pack RUN_DIR...`` instead: one such supervisor per run dir (``runtime.pack``).
 
 - Nodes blamed for the failure go on the run's bad-node list (``status/bad_nodes.json``); with
   ``cluster.slurm.spare_nodes`` or ``cluster.min_nodes`` the next attempt runs without them: on spares, else on
@@ -41,12 +42,13 @@ from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, Ran
 from hpc_train.core.rundir import RunDir
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.ledger import AttemptLedger
+from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
 from hpc_train.runtime.srun import SrunStep, say, step_argv
 from hpc_train.tracking import ensure_runs
 from hpc_train.train.stopping import StopSignals, signal_number
 
-__all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "step_argv", "supervise"]
+__all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "run_packed", "step_argv", "supervise"]
 
 STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.slurm.srun_wait_s before the supervisor ends it."""
@@ -136,10 +138,10 @@ class Supervisor:
             script=self.cfg.script.enabled,
         )
         self.ledger.save(entry)
-        argv = step_argv(self.rd, self.cluster, nodes, self.python)
+        argv = step_argv(self.rd, self.cluster, nodes, self.python, member_srun_options(self.cluster, self.environ))
         say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
         environ = {**self.environ, **self.job.for_attempt(number).environ(), **self._shrink(number, nodes)}
-        step = SrunStep(argv, environ, forward_stop=self._forwarded())
+        step = SrunStep(argv, environ, forward_stop=self._forwarded(), hasty=self.interactive)
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
             code = step.wait(
@@ -185,8 +187,10 @@ class Supervisor:
         return {NODES_VARIABLE: str(len(nodes))}
 
     def _forwarded(self) -> int:
-        """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on."""
-        return signal_number(self.cluster.signal) if self.interactive else 0
+        """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on.
+        So does a pack's member, which the pack's supervisor tells to stop when another member stopped to be
+        requeued."""
+        return signal_number(self.cluster.signal) if self.interactive or in_pack(self.environ) else 0
 
     def _statuses(self, attempt: int) -> dict[int, RankStatus]:
         """The ranks' statuses from this attempt: a rank of an earlier one that outlived its step (on a node
@@ -250,13 +254,27 @@ def run(run_dir: str | Path) -> None:
         raise SystemExit(code)
 
 
+def run_packed(run_dirs: list[str]) -> None:
+    """The call submitit pickles for a pack (``cluster.pack``): its members side by side, and the job's status."""
+    code = run_pack(run_dirs)
+    if code:
+        sys.stdout.flush()
+        raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m hpc_train.supervisor --run-dir RUN_DIR``, in the batch step of a job."""
+    """``python -m hpc_train.supervisor --run-dir RUN_DIR`` (or ``--pack RUN_DIR...``), in the batch step of a
+    job."""
     parser = argparse.ArgumentParser(prog="python -m hpc_train.supervisor", description=__doc__)
-    parser.add_argument("--run-dir", required=True, type=Path, help="run directory written by `python -m hpc_train`")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-dir", type=Path, help="run directory written by `python -m hpc_train`")
+    which.add_argument("--pack", type=Path, nargs="+", help="the run directories of a pack (cluster.pack)")
     args = parser.parse_args(argv)
-    if not RunDir.holds_run(args.run_dir):
-        parser.error(f"--run-dir {args.run_dir}: no {RunDir(args.run_dir).config.name} there")
+    for path in args.pack or [args.run_dir]:
+        if not RunDir.holds_run(path):
+            parser.error(f"{path}: no {RunDir(path).config.name} there")
+    if args.pack:
+        sys.exit(run_pack(args.pack))
     sys.exit(supervise(RunDir(args.run_dir)))
 
 

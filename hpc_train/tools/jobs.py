@@ -172,7 +172,11 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
         lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
         attempt = last.attempt if last is not None else None
-        rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, state.detail or "-"])
+        pack = rd.read_job_record().get("pack")
+        detail = state.detail or "-"
+        if pack:  # cluster.pack: the job it ran in ran its neighbours too
+            detail = f"pack member {pack['index']} of {len(pack['members'])} in job {state.job_id}; {detail}"
+        rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, detail])
         tail = "" if state.ok else _failure_tail(rd, attempts)
         if tail:
             failures.append(tail)
@@ -182,6 +186,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             {
                 "run_dir": str(rd.path),
                 "job_id": state.job_id,
+                "pack": pack,
                 "state": state.state,
                 "done": state.done,
                 "ok": state.ok,
@@ -254,8 +259,20 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
 def cmd_cancel(runs: list[RunDir]) -> int:
     ids: list[str] = []
     code = 0
+    named = {str(rd.path.resolve()) for rd in runs}
     for rd in runs:
         record = rd.read_job_record()
+        pack = record.get("pack") or {}
+        others = [m for m in pack.get("members", []) if m not in named]
+        if others:  # scancel would end its neighbours too
+            print(
+                f"not cancelled: {rd.path} shares Slurm job {record.get('job_id')} with {', '.join(others)} "
+                "(cluster.pack), and a job is cancelled whole. HINT: name every member of the pack (or the sweep "
+                f"dir) to cancel them all: python -m hpc_train.jobs cancel {' '.join(pack['members'])}",
+                file=sys.stderr,
+            )
+            code = 1
+            continue
         if record.get("job_id"):
             job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])
             if job not in ids:
