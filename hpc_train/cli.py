@@ -26,6 +26,7 @@ from hpc_train.config import (
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
+from hpc_train.core.signals import composed, hold_while_composing
 from hpc_train.launch import claim_run_dir, finished_message, finished_step, write_config
 from hpc_train.launch.preflight import preflight
 
@@ -35,9 +36,9 @@ register_configs()
 @hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
 def _app(raw: DictConfig) -> None:
     try:
-        cfg = preflight(
-            config_from_dict(raw, HydraConfig.get().overrides.task)
-        )  # checked against this machine and its files; script.path absolute
+        typed = config_from_dict(raw, HydraConfig.get().overrides.task)
+        composed()  # the OmegaConf work is done: a Ctrl-C held meanwhile acts here, between two steps of ours
+        cfg = preflight(typed)  # checked against this machine and its files; script.path absolute
         run_dir = RunDir(Path(HydraConfig.get().runtime.output_dir))
         # Before anything is written: a second launch into a run dir another one trains in is refused here.
         lease = claim_run_dir(cfg, run_dir)
@@ -83,7 +84,11 @@ def main() -> None:
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    _app()
+    hold_while_composing()
+    try:
+        _app()
+    finally:
+        composed()  # (Hydra printed the config, or refused it, without running the app)
 
 
 def with_passthrough(argv: list[str]) -> list[str]:

@@ -20,13 +20,13 @@ its last step when it completed (or still runs). Then, in seconds:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress
 
-__all__ = ["ledger"]
+__all__ = ["ledger", "pack_ledger"]
 
 
 def _float(value: float | None) -> float | None:
@@ -178,4 +178,29 @@ def ledger(
         "restarts": restarts,
         "per_attempt": rows,
         "updated": now,
+    }
+
+
+def pack_ledger(
+    allocations: Sequence[Sequence[Allocation]], ledgers: Sequence[Mapping[str, Any]], now: float | None = None
+) -> dict[str, Any]:
+    """The ledger of a pack (``cluster.pack``) from its members' own: each member's ``allocations`` (the same
+    jobs, each as long as that member's supervisor held it) and ``ledgers``. The pack's wall is the time its
+    jobs were held (an allocation from its first member's start to its last one's end); its ETTR is the
+    members' productive time over what the pack held for all of them (members x wall)."""
+    now = time.time() if now is None else now
+    spans: dict[tuple[str, int], tuple[float, float]] = {}
+    for member in allocations:
+        for a in member:
+            start, end = spans.get(a.allocation, (a.start, _until(a.end, now)))
+            spans[a.allocation] = (min(start, a.start), max(end, _until(a.end, now)))
+    wall = sum(max(0.0, end - start) for start, end in spans.values())
+    productive = sum(float(g.get("productive_s", 0.0)) for g in ledgers)
+    held = wall * len(ledgers)
+    return {
+        "members": len(ledgers),
+        "allocations": len(spans),
+        "wall_s": round(wall, 3),
+        "productive_s": round(productive, 3),
+        "ettr": round(min(1.0, productive / held), 4) if held > 0 else 0.0,
     }

@@ -25,6 +25,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/bad_nodes.json      the nodes blamed for a failure, left out of later attempts when spares allow
     status/trackers.json       the MLflow / W&B run that holds this run dir, and the latest step logged to it
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
+    status/cancel.json         `jobs cancel` of one member of a pack (cluster.pack): its supervisor ends it alone
     status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
                                through hpc_train.preemption)
     submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log (the local
@@ -521,6 +522,19 @@ class RunDir:
         self.write_status(
             rank, RankState.FAILED, attempt=attempt, error=error, traceback=detail or "", step=step, **extra
         )
+
+    @property
+    def cancel_request(self) -> Path:
+        """``jobs cancel`` of this run alone, while it shares a Slurm job with others (``cluster.pack``): its
+        supervisor ends its training step and starts no other; the pack skips it after a requeue."""
+        return self.status_dir / "cancel.json"
+
+    def request_cancel(self) -> None:
+        self.status_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.cancel_request, {"time": time.time(), "host": socket.gethostname()})
+
+    def cancel_requested(self) -> bool:
+        return self.cancel_request.is_file()
 
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a

@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import FrameType
 
-__all__ = ["HELD", "held", "interrupt", "sigterm_as_interrupt"]
+__all__ = ["HELD", "composed", "held", "hold_while_composing", "interrupt", "sigterm_as_interrupt"]
 
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What ``held`` holds by default: the signals that end a command run from a shell."""
@@ -59,3 +59,18 @@ def held(signals: tuple[signal.Signals, ...] = HELD) -> Iterator[None]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)  # None: a handler set outside Python
         for signum in dict.fromkeys(came):
             signal.raise_signal(signum)
+
+
+_COMPOSING = ExitStack()
+
+
+def hold_while_composing() -> None:
+    """Hold the signals that end a command (``held``) until ``composed``, while Hydra composes the config and
+    OmegaConf turns it into ours: OmegaConf cut halfway through setting a node fails with an AttributeError of
+    its own, which hides the Ctrl-C (a traceback and exit 1 instead of one line and 130; seen in CI)."""
+    _COMPOSING.enter_context(held())
+
+
+def composed() -> None:
+    """The config is composed: a signal held meanwhile acts now (Ctrl-C and SIGTERM as KeyboardInterrupt)."""
+    _COMPOSING.close()

@@ -128,6 +128,7 @@ def _submit(
     _test_only(script)
     for rd in run_dirs:
         rd.clear_statuses()
+        rd.cancel_request.unlink(missing_ok=True)  # (a member cancelled alone before, submitted again)
     # From sbatch's answer to the job record, Ctrl-C and SIGTERM wait: a job Slurm accepted gets its run dir
     # and its record whatever happens to this process (a signal then says so: ``hpc_train.__main__``).
     with held():

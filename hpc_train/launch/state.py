@@ -199,6 +199,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)
     failures = _reported_failures(statuses)
+    if record.get("pack") and run_dir.cancel_requested():  # `jobs cancel` of this member alone
+        live = any(is_live(s) for s in statuses.values())
+        detail = "; ".join([f"cancelled alone (jobs cancel); the pack's other members go on in job {job_id}", *notes])
+        return verdict("CANCELLING" if live else "CANCELLED", done=not live, detail=detail)
     ended = attempts[-1].outcome in (AttemptOutcome.FATAL, AttemptOutcome.GAVE_UP) if attempts else False
     if ended and record.get("pack") and squeue in ACTIVE_STATES:  # its job runs on for the pack's other members
         return verdict("FAILED", done=True, detail="; ".join([*notes, *failures]))

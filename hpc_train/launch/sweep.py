@@ -23,6 +23,7 @@ from hpc_train.config import Config, config_from_dict, environment_keys
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
+from hpc_train.core.signals import composed
 from hpc_train.launch.preflight import check_paths, preflight
 
 __all__ = ["launch_sweep"]
@@ -59,6 +60,7 @@ def launch_sweep(
     with exit_plainly(" in the sweep"):
         # every element, before the first runs
         typed = [check_paths(config_from_dict(c, o)) for c, o in zip(sweep_configs, job_overrides, strict=True)]
+        composed()  # every element composed and typed: a Ctrl-C held meanwhile acts now
         if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.slurm.submit != "here":
             _check_one_request(typed)
             for element in typed:

@@ -63,11 +63,14 @@ def member_srun_options(cluster: ClusterConfig, environ: Mapping[str, str]) -> l
     return options
 
 
-def _ended(rd: RunDir) -> AttemptOutcome | None:
-    """How the member's last attempt ended, when that leaves it nothing to do (None: it trains on)."""
+def _ended(rd: RunDir) -> str | None:
+    """How the member ended, when that leaves it nothing to do (None: it trains on): its last attempt's
+    outcome, or cancelled (``jobs cancel`` of this member alone)."""
+    if rd.cancel_requested():
+        return "cancelled"
     attempts = rd.attempt_records()
     outcome = attempts[-1].outcome if attempts else None
-    return outcome if outcome in ENDED else None
+    return outcome.value if outcome in ENDED else None
 
 
 def _wants_requeue(rd: RunDir, since: float) -> bool:
@@ -108,7 +111,7 @@ class Pack:
         for index, rd in enumerate(self.members):
             ended = _ended(rd)
             if ended is not None:
-                say(f"pack member {index} ({rd.path}) ended in an earlier allocation ({ended.value}); skipped")
+                say(f"pack member {index} ({rd.path}) has ended ({ended}); skipped")
                 continue
             environ = {**self.environ, PACK_VARIABLE: f"{index}/{len(self.members)}"}
             argv = [*self.cluster.container_argv, self.python, "-u", "-m", SUPERVISOR, "--run-dir", str(rd.path)]

@@ -92,9 +92,17 @@ class SrunStep:
         if partial.startswith(b"srun:"):
             self.lines.append(partial.decode(errors="replace"))
 
-    def wait(self, signals: StopSignals, grace_s: float, started: Callable[[], bool], launch_s: float) -> int:
+    def wait(
+        self,
+        signals: StopSignals,
+        grace_s: float,
+        started: Callable[[], bool],
+        launch_s: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> int:
         """srun's exit status. After a stop signal srun gets ``grace_s`` before it is ended; when no rank has
-        ``started()`` within ``launch_s`` (the step never launched), it is ended too."""
+        ``started()`` within ``launch_s`` (the step never launched), it is ended too. ``cancelled()`` (``jobs
+        cancel`` of a pack's member) counts as a stop signal: the step is passed ``forward_stop``."""
         began = time.monotonic()
         signalled_at: float | None = None
         launched = False
@@ -108,8 +116,10 @@ class SrunStep:
                 say("a second stop signal; ending srun")
                 code = self.end()
                 break
-            if signals.received and signalled_at is None:
+            if signalled_at is None and (signals.received or cancelled()):
                 signalled_at = time.monotonic()
+                if not signals.received:
+                    say("cancelled by `python -m hpc_train.jobs cancel`; stopping the step (its ranks checkpoint)")
                 if self.forward_stop:  # srun passes it on to every task: they checkpoint and stop
                     self.proc.send_signal(self.forward_stop)
             if signalled_at is not None and time.monotonic() - signalled_at > grace_s:

@@ -52,6 +52,8 @@ __all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "run_packe
 
 STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.slurm.srun_wait_s before the supervisor ends it."""
+CANCELLED = "cancelled by `python -m hpc_train.jobs cancel`"
+"""The message of an attempt ended on a cancel request (a member of a pack, cancelled alone)."""
 LAUNCH_GRACE_S = 120
 """How long, beyond trainer.preflight_timeout_s, a step may go without any rank writing its first status
 before the supervisor ends srun (it never got its tasks running: a node that cannot start them, a step that
@@ -105,8 +107,15 @@ class Supervisor:
             if self.signals.received:
                 say(f"signal {self.signals.received} came before attempt {number}; not starting it")
                 return 0
+            if self.rd.cancel_requested():
+                say(
+                    f"cancelled by `python -m hpc_train.jobs cancel` ({self.rd.cancel_request}); not starting attempt {number}"
+                )
+                return 0
             entry = self._attempt(number, nodes)
             if entry.outcome is AttemptOutcome.COMPLETED:
+                return 0
+            if entry.message == CANCELLED:  # the step was ended on request: nothing to retry, nothing failed
                 return 0
             if entry.outcome is AttemptOutcome.STOPPED:
                 return entry.exit_code or 0
@@ -149,6 +158,7 @@ class Supervisor:
                 self.cluster.slurm.srun_wait_s + STOP_GRACE_S,
                 lambda: bool(self._statuses(number)),
                 launch_s,
+                self.rd.cancel_requested,
             )
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
@@ -157,6 +167,8 @@ class Supervisor:
         statuses = self._statuses(number)
         if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(entry.ranks or 0)):
             entry = replace(entry, outcome=AttemptOutcome.COMPLETED)
+        elif self.rd.cancel_requested():  # `jobs cancel` of this member of a pack: its ranks were stopped
+            entry = replace(entry, outcome=AttemptOutcome.STOPPED, message=CANCELLED)
         elif self._stopped(statuses):
             entry = replace(entry, outcome=AttemptOutcome.STOPPED)
         else:

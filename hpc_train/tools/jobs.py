@@ -159,6 +159,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
     rows, records, failures, damaged, unreadable, timelines = [], [], [], [], [], []
+    pack_ledgers = _pack_ledgers(runs)
     for rd in runs:
         try:
             state = _state(rd)
@@ -187,6 +188,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "run_dir": str(rd.path),
                 "job_id": state.job_id,
                 "pack": pack,
+                "pack_goodput": pack_ledgers.get(tuple(pack["members"])) if pack else None,
                 "state": state.state,
                 "done": state.done,
                 "ok": state.ok,
@@ -208,9 +210,10 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if failures:
             print("\nfailures (class, rank, host, traceback tail):")
             print("\n".join(failures))
-        if timelines:
+        packs = _pack_lines(pack_ledgers)
+        if timelines or packs:
             print("\nwhere the time went:")
-            print("\n".join(f"  {line}" for line in timelines))
+            print("\n".join(f"  {line}" for line in [*timelines, *packs]))
         if damaged:
             print("\ndamaged records (left out of the state above):")
             print("\n".join(f"  {line}" for line in damaged))
@@ -218,6 +221,37 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     for line in unreadable:
         print(line, file=sys.stderr)
     return 2 if unreadable else 0
+
+
+def _pack_ledgers(runs: list[RunDir]) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The ledger of each pack (``cluster.pack``) that one of ``runs`` ran in, by its members' run dirs."""
+    from hpc_train.core.goodput import pack_ledger
+
+    packs: dict[tuple[str, ...], dict[str, Any]] = {}
+    for rd in runs:
+        members = tuple((rd.read_job_record().get("pack") or {}).get("members", []))
+        if not members or members in packs:
+            continue
+        dirs = [RunDir(Path(m)) for m in members]
+        ledgers = [_goodput(d, d.attempt_records()) for d in dirs]
+        packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers) | {
+            "job_id": str(rd.read_job_record().get("job_id", ""))
+        }
+    return packs
+
+
+def _pack_lines(pack_ledgers: dict[tuple[str, ...], dict[str, Any]]) -> list[str]:
+    """A line per pack: the time its jobs were held for all its members, and how much of it trained."""
+    lines = []
+    for members, g in pack_ledgers.items():
+        if not g["allocations"]:
+            continue
+        lines.append(
+            f"pack in job {g['job_id']} ({g['members']} members, {g['allocations']} allocation(s)): held "
+            f"{g['wall_s']:.0f}s for each member, {g['productive_s']:.0f}s productive in all; ETTR {g['ettr']:.2f} "
+            f"(members: {', '.join(members)})"
+        )
+    return lines
 
 
 def cmd_collect(runs: list[RunDir]) -> int:
@@ -264,14 +298,13 @@ def cmd_cancel(runs: list[RunDir]) -> int:
         record = rd.read_job_record()
         pack = record.get("pack") or {}
         others = [m for m in pack.get("members", []) if m not in named]
-        if others:  # scancel would end its neighbours too
+        if others:  # scancel would end its neighbours too: its own supervisor ends it, at this request
+            rd.request_cancel()
             print(
-                f"not cancelled: {rd.path} shares Slurm job {record.get('job_id')} with {', '.join(others)} "
-                "(cluster.pack), and a job is cancelled whole. HINT: name every member of the pack (or the sweep "
-                f"dir) to cancel them all: python -m hpc_train.jobs cancel {' '.join(pack['members'])}",
-                file=sys.stderr,
+                f"cancel requested for {rd.path}, a member of the pack in Slurm job {record.get('job_id')}: its "
+                "supervisor stops its training step (the ranks checkpoint) within seconds, and starts no other. "
+                f"The pack's other members go on: {', '.join(others)}"
             )
-            code = 1
             continue
         if record.get("job_id"):
             job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])

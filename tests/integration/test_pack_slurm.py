@@ -17,6 +17,7 @@ import pytest
 
 from hpc_train.core.errors import EXIT_FATAL
 from hpc_train.core.rundir import RunDir, read_json
+from hpc_train.runtime.supervisor import CANCELLED
 
 from ..conftest import assert_bitwise_equal, wait_for_ranks
 from .conftest import cli, wait_for_job
@@ -110,9 +111,8 @@ def test_four_points_in_two_packs_run_side_by_side_and_train_as_unpacked(tmp_pat
     assert [row.split()[2:4] for row in rows] == [[f"{array_id[1]}_{i // 2}", "COMPLETED"] for i in range(4)], rows
     status = cli("hpc_train.jobs", "status", str(sweep_dir / "1"), cwd=tmp_path).stdout
     assert f"pack member 1 of 2 in job {array_id[1]}_0; every rank completed" in status, status
-    # One member alone cannot be cancelled: scancel would end its neighbour too.
-    cancel = cli("hpc_train.jobs", "cancel", str(sweep_dir / "1"), cwd=tmp_path)
-    assert cancel.returncode == 1 and f"shares Slurm job {array_id[1]}_0 with {sweep_dir / '0'}" in cancel.stderr
+    where = cli("hpc_train.jobs", "status", str(sweep_dir), cwd=tmp_path).stdout
+    assert f"pack in job {array_id[1]}_1 (2 members, 1 allocation(s)): held " in where, where
 
 
 def test_a_preempted_pack_is_requeued_once_and_its_members_resume_exactly(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_preempted_pack_is_requeued_once_and_its_members_resume_exactly(tmp_pa
         assert "resumed from" in (member / "logs" / "rank_0.restart1.log").read_text()
     out = Path(job_of(members[0])["slurm_output"])  # submitit's: the supervisor's lines are in its .err
     output = out.read_text() + (out.with_suffix(".err").read_text() if out.with_suffix(".err").exists() else "")
-    assert output.count("ended in an earlier allocation (completed); skipped") == 2, output[-3000:]
+    assert output.count(") has ended (completed); skipped") == 2, output[-3000:]
     assert "a member stopped to be requeued; passing SIGUSR2 on to the members left" in output, output[-3000:]
     # One requeue for the pack: Slurm holds two records of the job, the first ended by the requeue.
     deadline = time.monotonic() + 30
@@ -196,3 +196,25 @@ def test_each_member_sees_only_its_own_gpu(tmp_path: Path) -> None:
     assert wait_for_job(job_of(sweep_dir / "0")["job_id"], timeout=300) == "COMPLETED"
     seen = [json.loads((sweep_dir / str(i) / "rank_table.json").read_text())[0] for i in (0, 1)]
     assert sorted(r["cuda_visible_devices"] for r in seen) == ["0", "1"], seen
+
+
+def test_one_member_is_cancelled_alone(tmp_path: Path) -> None:
+    """`jobs cancel` of one member: its supervisor stops its step (the ranks checkpoint on the stop signal,
+    and do not ask for a requeue) and starts no other; its neighbour trains on to the end; the job completes
+    and is not requeued."""
+    sweep_dir = tmp_path / "sweep"
+    sweep(sweep_dir, "trainer.max_steps=1500", "trainer.lr=1e-3,2e-3", "cluster.pack=2")
+    cancelled, neighbour = RunDir(sweep_dir / "0"), RunDir(sweep_dir / "1")
+    wait_for_ranks(cancelled.path, 20, timeout=300)
+    proc = cli("hpc_train.jobs", "cancel", str(cancelled.path), cwd=tmp_path)
+    assert proc.returncode == 0 and f"cancel requested for {cancelled.path}" in proc.stdout, proc.stdout + proc.stderr
+    assert wait_for_job(job_of(cancelled.path)["job_id"], timeout=400) == "COMPLETED"
+    status = json.loads(cli("hpc_train.jobs", "status", "--json", str(sweep_dir), cwd=tmp_path).stdout)
+    assert [s["state"] for s in status] == ["CANCELLED", "COMPLETED"], status
+    stopped = cancelled.read_statuses()[0]
+    assert stopped["state"] == "stopped" and 20 <= stopped["step"] < 1500 and cancelled.checkpoint_files()
+    assert [(str(a.outcome), a.message) for a in cancelled.attempt_records()] == [("stopped", CANCELLED)]
+    assert (
+        cancelled.path / "checkpoints" / f"step_{stopped['step']:09d}.pt"
+    ).is_file() and not cancelled.requeue_records()
+    assert neighbour.read_statuses()[0]["step"] == 1500 and (neighbour.path / "model_final.pt").is_file()

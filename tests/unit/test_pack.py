@@ -120,8 +120,9 @@ def test_a_fault_can_be_armed_in_one_member() -> None:
 
 
 def test_the_pack_supervisor_skips_ended_members_and_keeps_each_status(tmp_path: Path) -> None:
-    """Four members: one completed and one ended fatally in an earlier allocation (skipped); two run, through
-    a stand-in supervisor that exits with its member's status; each gets its batch_exit.json."""
+    """Five members: one completed and one ended fatally in an earlier allocation, one cancelled alone
+    (skipped); two run, through a stand-in supervisor that exits with its member's status; each gets its
+    batch_exit.json."""
     from hpc_train.api import compose_config
     from hpc_train.launch import write_config
 
@@ -137,18 +138,31 @@ def test_the_pack_supervisor_skips_ended_members_and_keeps_each_status(tmp_path:
     )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     cfg = compose_config("cluster=slurm", f"cluster.slurm.python={python}")
-    members = [RunDir(tmp_path / name) for name in ("done", "fatal", "trains", "fails")]
-    outcomes = (AttemptOutcome.COMPLETED, AttemptOutcome.FATAL, AttemptOutcome.FAILED, None)
+    members = [RunDir(tmp_path / name) for name in ("done", "fatal", "trains", "fails", "cancelled")]
+    outcomes = (AttemptOutcome.COMPLETED, AttemptOutcome.FATAL, AttemptOutcome.FAILED, None, AttemptOutcome.FAILED)
     for rd, outcome in zip(members, outcomes, strict=True):
         write_config(cfg, rd)
         if outcome is not None:
             record = AttemptRecord(attempt=0, outcome=outcome, job_id="41")
             write_json_atomic(rd.attempts, [record.to_json()])
+    members[4].request_cancel()  # `jobs cancel` of that member alone
     code = run_pack([rd.path for rd in members], {**os.environ, "SLURM_JOB_ID": "42"})
     assert code == 3
-    assert [(rd.path / "ran").exists() for rd in members] == [False, False, True, True]
+    assert [(rd.path / "ran").exists() for rd in members] == [False, False, True, True, False]
     assert (members[2].path / "ran").read_text().split() == [
-        *["-u", "-m", "hpc_train.supervisor", "--run-dir", str(members[2].path), "2/4"]
+        *["-u", "-m", "hpc_train.supervisor", "--run-dir", str(members[2].path), "2/5"]
     ]
-    assert [json.loads(rd.batch_exit.read_text())["exit_code"] for rd in members[2:]] == [0, 3]
-    assert not members[0].batch_exit.exists()
+    assert [json.loads(rd.batch_exit.read_text())["exit_code"] for rd in members[2:4]] == [0, 3]
+    assert not members[0].batch_exit.exists() and not members[4].batch_exit.exists()
+
+
+def test_the_pack_ledger_counts_the_jobs_once_and_every_member_s_training() -> None:
+    """Two members in one job, requeued once: the pack held 100 s + 50 s for each of 2 members (300
+    member-seconds), of which they trained 80 + 40 + 60: ETTR 0.6."""
+    from hpc_train.core.goodput import pack_ledger
+    from hpc_train.core.records import Allocation
+
+    first = [Allocation(job_id="5", start=100.0, end=200.0), Allocation(job_id="5", requeue=1, start=300, end=340)]
+    second = [Allocation(job_id="5", start=101.0, end=150.0), Allocation(job_id="5", requeue=1, start=301, end=350)]
+    got = pack_ledger([first, second], [{"productive_s": 80.0 + 60.0}, {"productive_s": 40.0}])
+    assert got == {"members": 2, "allocations": 2, "wall_s": 150.0, "productive_s": 180.0, "ettr": 0.6}
