@@ -44,9 +44,9 @@ POLL_S = 1.0
 
 def member_srun_options(cluster: ClusterConfig, environ: Mapping[str, str]) -> list[str]:
     """The srun options that keep a member's step to its own share of the allocation ([] outside a pack):
-    ``--exact`` (only its tasks' CPUs), its GPUs and its part of each node's memory. Without them a step takes
-    every GPU and all the memory of the job, and the next member's step waits for it to end. The step is named
-    ``member<index>``."""
+    ``--exact`` (only its tasks' CPUs), its GPUs and its part of each node's memory. Without them a step may be
+    given all of the job's CPUs, GPUs or memory, and the next member's step then waits for it to end. The step
+    is named ``member<index>``."""
     pack = environ.get(PACK_VARIABLE, "")
     if not pack:
         return []
@@ -58,7 +58,7 @@ def member_srun_options(cluster: ClusterConfig, environ: Mapping[str, str]) -> l
         else:
             options.append(f"--gpus-per-node={cluster.gpus_per_node}")
     node_mb = environ.get("SLURM_MEM_PER_NODE", "")
-    if node_mb.isdigit() and int(node_mb) > 0:  # (with --mem-per-cpu the job's, a step's follows its CPUs)
+    if node_mb.isdigit() and int(node_mb) > 0:  # (a job that asked --mem-per-cpu: a step's follows its CPUs)
         options.append(f"--mem={int(node_mb) // size}M")
     return options
 
