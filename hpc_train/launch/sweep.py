@@ -23,7 +23,7 @@ from hpc_train.config import Config, config_from_dict, environment_keys
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
-from hpc_train.core.signals import composed
+from hpc_train.core.signals import composed, held
 from hpc_train.launch.preflight import check_paths, preflight
 
 __all__ = ["launch_sweep"]
@@ -34,10 +34,11 @@ def _element_configs(
 ) -> list[DictConfig]:
     configs = []
     for index, overrides in enumerate(job_overrides):
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = f"{initial_job_idx + index}"
-            sweep_config.hydra.job.num = initial_job_idx + index
+        with held():  # a Ctrl-C waits for this element (OmegaConf cut halfway fails with an error of its own)
+            sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+            with open_dict(sweep_config):
+                sweep_config.hydra.job.id = f"{initial_job_idx + index}"
+                sweep_config.hydra.job.num = initial_job_idx + index
         configs.append(sweep_config)
     return configs
 
@@ -56,11 +57,14 @@ def launch_sweep(
 ) -> list[JobReturn]:
     """Hydra's Launcher.launch for hpc_train."""
     setup_globals()
+    composed()  # the primary config is composed: from here a Ctrl-C waits for one element at most
     sweep_configs = _element_configs(hydra_context, config, job_overrides, initial_job_idx)
     with exit_plainly(" in the sweep"):
         # every element, before the first runs
-        typed = [check_paths(config_from_dict(c, o)) for c, o in zip(sweep_configs, job_overrides, strict=True)]
-        composed()  # every element composed and typed: a Ctrl-C held meanwhile acts now
+        typed = []
+        for c, o in zip(sweep_configs, job_overrides, strict=True):
+            with held():
+                typed.append(check_paths(config_from_dict(c, o)))
         if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.slurm.submit != "here":
             _check_one_request(typed)
             for element in typed:
