@@ -158,8 +158,9 @@ DAMAGED_HINT = (
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
-    rows, records, failures, damaged, unreadable, timelines = [], [], [], [], [], []
-    pack_ledgers = _pack_ledgers(runs)
+    rows, failures, damaged, unreadable, timelines = [], [], [], [], []
+    records: list[dict[str, Any]] = []
+    goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
     for rd in runs:
         try:
             state = _state(rd)
@@ -168,7 +169,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             continue
         step = _step(state)
         attempts = state.attempts
-        goodput = _goodput(rd, attempts)
+        goodput = goodputs[str(rd.path.resolve())] = _goodput(rd, attempts)
         last = attempts[-1] if attempts else None
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
         lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
@@ -188,7 +189,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "run_dir": str(rd.path),
                 "job_id": state.job_id,
                 "pack": pack,
-                "pack_goodput": pack_ledgers.get(tuple(pack["members"])) if pack else None,
+                "pack_goodput": None,  # (below, once every run's own ledger is known)
                 "state": state.state,
                 "done": state.done,
                 "ok": state.ok,
@@ -202,6 +203,10 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "damaged": state.damaged,
             }
         )
+    pack_ledgers = _pack_ledgers(runs, goodputs)
+    for record in records:
+        if record["pack"]:
+            record["pack_goodput"] = pack_ledgers.get(tuple(record["pack"]["members"]))
     if as_json:
         print(json.dumps(records, indent=1))
     else:
@@ -223,19 +228,21 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     return 2 if unreadable else 0
 
 
-def _pack_ledgers(runs: list[RunDir]) -> dict[tuple[str, ...], dict[str, Any]]:
-    """The ledger of each pack (``cluster.pack``) that one of ``runs`` ran in, by its members' run dirs."""
+def _pack_ledgers(runs: list[RunDir], goodputs: dict[str, dict[str, Any]]) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The ledger of each pack (``cluster.pack``) that one of ``runs`` ran in, by its members' run dirs;
+    ``goodputs``: the members' own ledgers already computed, by resolved run dir."""
     from hpc_train.core.goodput import pack_ledger
 
     packs: dict[tuple[str, ...], dict[str, Any]] = {}
     for rd in runs:
-        members = tuple((rd.read_job_record().get("pack") or {}).get("members", []))
+        record = rd.read_job_record()
+        members = tuple((record.get("pack") or {}).get("members", []))
         if not members or members in packs:
             continue
         dirs = [RunDir(Path(m)) for m in members]
-        ledgers = [_goodput(d, d.attempt_records()) for d in dirs]
+        ledgers = [goodputs.get(m) or _goodput(d, d.attempt_records()) for m, d in zip(members, dirs, strict=True)]
         packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers) | {
-            "job_id": str(rd.read_job_record().get("job_id", ""))
+            "job_id": str(record.get("job_id", ""))
         }
     return packs
 
