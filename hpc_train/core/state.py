@@ -25,6 +25,7 @@ __all__ = [
     "RankState",
     "all_ranks",
     "check_status",
+    "child_alive",
     "child_pids",
     "completion_notes",
     "is_live",
@@ -131,13 +132,39 @@ def parent_pid(pid: int) -> int | None:
 
 
 def child_pids(parent: int) -> list[int]:
-    """The processes on this machine whose parent is ``parent`` (field 2 of their /proc/<pid>/stat)."""
+    """The processes on this machine whose parent is ``parent``.
+
+    Read from ``/proc/<parent>/task/<tid>/children``: one small file per thread of ``parent``. Where the kernel
+    has none (built without CONFIG_PROC_CHILDREN), every /proc/<pid>/stat is read instead (field 2): a launcher
+    polls this several times a second, and a login node runs thousands of processes. The kernel lists children
+    while they come and go, so a child forked or reaped during the read may be missed: a caller that polls sees
+    it the next time, and one that must know whether a given process lives asks ``child_alive``.
+    """
+    try:
+        tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        listed = {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
+    except FileNotFoundError:
+        if not Path(f"/proc/{parent}").exists():
+            return []  # no such process (or no /proc): no children
+        return _scanned_children(parent)
+    except OSError:  # the process ended during the read
+        return []
+    return sorted(listed)
+
+
+def _scanned_children(parent: int) -> list[int]:
     children = []
     for entry in Path("/proc").iterdir():
         fields = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
         if fields is not None and fields[1] == str(parent):
             children.append(int(entry.name))
     return children
+
+
+def child_alive(pid: int, parent: int) -> bool:
+    """True while ``pid`` runs as a child of ``parent`` (not a zombie; a reused pid has another parent)."""
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] != "Z" and fields[1] == str(parent)
 
 
 def pid_alive(pid: int) -> bool:

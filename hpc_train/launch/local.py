@@ -47,6 +47,7 @@ from hpc_train.core.state import (
     RankFailure,
     RankState,
     all_ranks,
+    child_alive,
     child_pids,
     completion_notes,
     pid_alive,
@@ -347,7 +348,10 @@ class _RankProcesses:
 
     def ended_silently(self) -> int:
         """How many ranks ended without a status that says how."""
-        live = {pid for pid in child_pids(self.controller) if pid_alive(pid)}
+        # The ranks seen before are checked one by one: a listing of the children may miss one that is
+        # alive (hpc_train.core.state.child_pids), which would count it as ended.
+        candidates = self.seen | set(child_pids(self.controller))
+        live = {pid for pid in candidates if child_alive(pid, self.controller)}
         self.seen |= live
         reported = {s.get("pid") for s in self.run_dir.read_statuses().values()}
         silent = len(self.seen - live - reported)

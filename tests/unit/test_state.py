@@ -490,3 +490,30 @@ def test_plot_compare_and_tensorboard_name_runs_by_their_overrides(
     assert element.tensorboard_run == element.tensorboard / "data.path=_a_b"
     element.write_overrides([])
     assert element.tensorboard_run == element.tensorboard
+
+
+def test_children_are_listed_from_proc_and_a_reaped_one_is_not_alive() -> None:
+    """child_pids reads /proc/<pid>/task/*/children (the launcher polls it 5 times a second), and finds what a scan
+    of every /proc/<pid>/stat finds; child_alive tells a running child from one that exited (a zombie) and from
+    a pid that is not this parent's."""
+    from hpc_train.core.state import _scanned_children, child_alive, child_pids
+
+    me = os.getpid()
+    children = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    try:
+        pids = sorted(c.pid for c in children)
+        assert [p for p in child_pids(me) if p in pids] == pids
+        assert [p for p in _scanned_children(me) if p in pids] == pids
+        assert all(child_alive(p, me) for p in pids) and not child_alive(pids[0], os.getppid())
+        children[0].kill()
+        deadline = time.monotonic() + 10
+        while child_alive(children[0].pid, me):  # a zombie until reaped: not alive either
+            assert time.monotonic() < deadline, "a killed child still reads as alive"
+            time.sleep(0.01)
+        children[0].wait()
+        assert children[0].pid not in child_pids(me) and not child_alive(children[0].pid, me)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert child_pids(2**22 + 1) == []  # beyond pid_max: no such process
