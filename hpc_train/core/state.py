@@ -137,18 +137,19 @@ def child_pids(parent: int) -> list[int]:
     Read from ``/proc/<parent>/task/<tid>/children``: one small file per thread of ``parent``. Where the kernel
     has none (built without CONFIG_PROC_CHILDREN), every /proc/<pid>/stat is read instead (field 2): a launcher
     polls this several times a second, and a login node runs thousands of processes. The kernel lists children
-    while they come and go, so a child forked or reaped during the read may be missed: a caller that polls sees
-    it the next time, and one that must know whether a given process lives asks ``child_alive``.
+    while they come and go: when one is reaped during the read, another, living child may be skipped. A caller
+    that polls sees it the next time, and one that must know whether a given process lives asks
+    ``child_alive``.
     """
     try:
         tasks = list(Path(f"/proc/{parent}/task").iterdir())
         listed = {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
     except FileNotFoundError:
         if not Path(f"/proc/{parent}").exists():
-            return []  # no such process (or no /proc): no children
+            return []  # no such process (it ended, or there is no /proc): no children
         return _scanned_children(parent)
-    except OSError:  # the process ended during the read
-        return []
+    except OSError:  # not readable (a /proc mounted with hidepid): the stat files may still be
+        return _scanned_children(parent)
     return sorted(listed)
 
 
