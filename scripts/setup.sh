@@ -27,6 +27,7 @@ if [ ! -x .venv/bin/python ]; then
     elif ! { /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null &&
         /usr/bin/python3 -m venv .venv 2>/dev/null; }; then
         rm -rf .venv  # a half-made one (Debian without python3-venv makes the folder, then fails)
+        echo "setup: /usr/bin/python3 cannot make a venv here; making .venv from $(command -v python3)" >&2
         python3 -m venv .venv
     fi
 fi
@@ -45,4 +46,4 @@ fi
 # rank (about a thousand processes in the test suite) compiled hpc_train's sources again (0.1 s each). A .pyc
 # whose source changed later is not used: Python checks it against the source (its time and size).
 .venv/bin/python -m compileall -q hpc_train hydra_plugins
-echo "setup: ready ($(.venv/bin/python -c 'import sys, torch; print("Python", sys.version.split()[0], "from", sys._base_executable, "torch", torch.__version__)'), extras $extras)"
+echo "setup: ready ($(.venv/bin/python -c 'import sys, torch; print("Python", sys.version.split()[0], "from", getattr(sys, "_base_executable", "?"), "torch", torch.__version__)'), extras $extras)"
