@@ -161,6 +161,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     rows, failures, damaged, unreadable, timelines = [], [], [], [], []
     records: list[dict[str, Any]] = []
     goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
+    packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
     for rd in runs:
         try:
             state = _state(rd)
@@ -174,7 +175,10 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
         lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
         attempt = last.attempt if last is not None else None
-        pack = rd.read_job_record().get("pack")
+        job = rd.read_job_record()
+        pack = job.get("pack")
+        if pack:
+            packed.setdefault(tuple(pack.get("members", [])), str(job.get("job_id", "")))
         detail = state.detail or "-"
         if pack:  # cluster.pack: the job it ran in ran its neighbours too
             detail = f"pack member {pack['index']} of {len(pack['members'])} in job {state.job_id}; {detail}"
@@ -203,7 +207,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "damaged": state.damaged,
             }
         )
-    pack_ledgers = _pack_ledgers(runs, goodputs)
+    pack_ledgers = _pack_ledgers(packed, goodputs)
     for record in records:
         if record["pack"]:
             record["pack_goodput"] = pack_ledgers.get(tuple(record["pack"]["members"]))
@@ -228,22 +232,20 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     return 2 if unreadable else 0
 
 
-def _pack_ledgers(runs: list[RunDir], goodputs: dict[str, dict[str, Any]]) -> dict[tuple[str, ...], dict[str, Any]]:
-    """The ledger of each pack (``cluster.pack``) that one of ``runs`` ran in, by its members' run dirs;
-    ``goodputs``: the members' own ledgers already computed, by resolved run dir."""
+def _pack_ledgers(
+    packed: dict[tuple[str, ...], str], goodputs: dict[str, dict[str, Any]]
+) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The ledger of each pack (``cluster.pack``), by its members' run dirs; ``packed``: each pack's job id, as
+    the members' job records say; ``goodputs``: the members' own ledgers already computed, by resolved run dir."""
     from hpc_train.core.goodput import pack_ledger
 
     packs: dict[tuple[str, ...], dict[str, Any]] = {}
-    for rd in runs:
-        record = rd.read_job_record()
-        members = tuple((record.get("pack") or {}).get("members", []))
-        if not members or members in packs:
+    for members, job_id in packed.items():
+        if not members:
             continue
         dirs = [RunDir(Path(m)) for m in members]
         ledgers = [goodputs.get(m) or _goodput(d, d.attempt_records()) for m, d in zip(members, dirs, strict=True)]
-        packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers) | {
-            "job_id": str(record.get("job_id", ""))
-        }
+        packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers) | {"job_id": job_id}
     return packs
 
 
