@@ -38,6 +38,26 @@ with open(sys.argv[1], "w") as f:
 
 DOES_NOTHING = "import sys\nprint('usage: ...', file=sys.stderr)\n"
 
+# Rank 0 leaves first; rank 1 uses the rendezvous store (which rank 0's worker hosts) seconds later, then says
+# whether the worker that runs it has torch loaded.
+LEAVES_LATE = """
+import json, os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+rank = dist.get_rank()
+if rank == 1:
+    time.sleep(3)
+    store = dist.distributed_c10d._get_default_store()
+    store.set("late", "still served")
+    with open(f"/proc/{os.getppid()}/maps") as maps:
+        torch_in_worker = "libtorch" in maps.read()
+    seen = {"store": store.get("late").decode(), "torch_in_worker": torch_in_worker}
+    with open(sys.argv[1], "w") as out:
+        json.dump(seen, out)
+dist.destroy_process_group()
+"""
+
 DEBUG_ME = """
 import sys
 secret = 41 + 1
@@ -140,3 +160,14 @@ def test_debug_runs_a_script_in_this_process_and_pdb_opens_in_its_frame(tmp_path
     proc = debug()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("hpc_train: the rank completed in this process"), proc.stdout
+
+
+def test_rank_0_serves_the_store_until_every_script_has_ended(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0's script ends first; rank 1's still reaches the store 3 s later (rank 0's worker keeps it up until
+    rank 1's worker reports its script's end), and rank 1's worker never imported torch."""
+    script = _script(tmp_path, "leaves_late.py", LEAVES_LATE)
+    out = tmp_path / "seen.json"
+    proc, run_dir = run_cli(f"script.path={script}", f"script.args=[{out}]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {"store": "still served", "torch_in_worker": False}
+    assert "had not all ended" not in (run_dir / "logs" / "rank_0.log").read_text()
