@@ -12,12 +12,12 @@ import pytest
 
 from hpc_train.core.rundir import RunDir, read_json
 
-from .conftest import SLURM_2X2, cli, submit_job, wait_for_job
+from .conftest import SLURM_2X1, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
 JOB = [
-    *SLURM_2X2,
+    *SLURM_2X1,  # who owns the run dir does not depend on the ranks a node
     "model.hidden_sizes=[64]",
     "cluster.submit=sbatch",
     "trainer.max_steps=100000",

@@ -14,14 +14,16 @@ import pytest
 from hpc_train.core.rundir import RunDir, read_json
 
 from ..conftest import assert_bitwise_equal, wait_for_ranks
-from .conftest import SLURM_2X2, Baseline, cli, submit_job, wait_for_job
+from .conftest import SLURM_2X1, Baseline, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-# 2 nodes x 2 ranks, dropout on (each rank's generator matters), several epochs; slow enough (~5 s of steps) that
-# a signal lands mid-run.
+# 2 nodes x 1 rank, dropout on (each rank's generator matters), several epochs; slow enough (~5 s of steps) that
+# a signal lands mid-run. One rank a node: what is tested here (every rank stops at the same step, across
+# nodes, and resumes exactly) is the same with two, at half the CPU of the testbed's two real cores; two ranks
+# a node are preempted and resumed in test_elastic_slurm.py.
 JOB = [
-    *SLURM_2X2,
+    *SLURM_2X1,
     "model.hidden_sizes=[512,512]",
     "model.dropout=0.1",
     "trainer.max_steps=120",
@@ -128,7 +130,7 @@ def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
         "cluster.max_failures=0",
         "trainer.max_steps=100000",
         "trainer.watchdog_s=10",
-        env={"HPC_TRAIN_FAULT": "rank=3,step=5,kind=hang"},
+        env={"HPC_TRAIN_FAULT": "rank=1,step=5,kind=hang"},
     )
     wait_for_ranks(run_dir, 1)
     start = time.monotonic()
@@ -136,9 +138,8 @@ def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
     ended_after = time.monotonic() - start
     assert final in ("FAILED", "CANCELLED"), final
     assert ended_after < 10 + 60, f"took {ended_after:.0f}s"
-    for rank in (0, 1, 2):
-        log = (run_dir / "logs" / f"rank_{rank}.log").read_text()
-        assert "watchdog: no progress" in log and "most recent call first" in log, log[-1500:]
+    log = (run_dir / "logs" / "rank_0.log").read_text()  # the live rank, on node1
+    assert "watchdog: no progress" in log and "most recent call first" in log, log[-1500:]
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
     assert status["done"] and not status["ok"] and "watchdog" in status["detail"], status
     print(f"hang: job ended {ended_after:.1f}s after the first step (watchdog 10 s)")
