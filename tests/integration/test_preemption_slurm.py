@@ -120,8 +120,8 @@ def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
 
 
 def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
-    """A rank that sleeps in a step (which --kill-on-bad-exit never sees): the live ranks dump their stacks into
-    their logs and, with restarts in the allocation turned off, the job ends FAILED within the watchdog time.
+    """A rank that sleeps in a step (which --kill-on-bad-exit never sees): the live rank dumps its stacks into
+    its log and, with restarts in the allocation turned off, the job ends FAILED within the watchdog time.
     (A frozen rank retried in the allocation: tests/integration/test_recovery_slurm.py.)"""
     run_dir = tmp_path / "run"
     job_id = submit(
