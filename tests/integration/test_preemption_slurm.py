@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 # 2 nodes x 1 rank, dropout on (each rank's generator matters), several epochs; slow enough (~5 s of steps) that
 # a signal lands mid-run. One rank a node: what is tested here (every rank stops at the same step, across
 # nodes, and resumes exactly) is the same with two, at half the CPU of the testbed's two real cores; two ranks
-# a node are preempted and resumed in test_elastic_slurm.py.
+# a node are stopped (scancel) and resumed in test_elastic_slurm.py, and restarted in test_recovery_slurm.py.
 JOB = [
     *SLURM_2X1,
     "model.hidden_sizes=[512,512]",
