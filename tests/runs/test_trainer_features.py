@@ -22,6 +22,9 @@ from .test_local_runs import SMALL, weights
 pytestmark = pytest.mark.slow
 
 TUTORIAL = REPO / "hpc_train" / "examples" / "ddp_tutorial.py"
+ONE_RANK = ["cluster.tasks_per_node=1"]
+"""For the tests of what one rank does alone (schedules, observers, models, the notebook API): each rank costs
+a process that imports torch (~4 CPU-s here). Two ranks a node are the default, run by the other tests."""
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> None:
@@ -97,7 +100,7 @@ def test_one_process_strategies(run_cli, strategy: str) -> None:  # type: ignore
 
 def test_schedule_warmup_then_cosine(run_cli) -> None:  # type: ignore[no-untyped-def]
     schedule = ["trainer.schedule.name=cosine", "trainer.schedule.warmup_steps=4", "trainer.log_every_n_steps=1"]
-    proc, run_dir = run_cli(*SMALL, "trainer.max_steps=12", "trainer.lr=0.01", *schedule)
+    proc, run_dir = run_cli(*SMALL, *ONE_RANK, "trainer.max_steps=12", "trainer.lr=0.01", *schedule)
     ok(proc)
     lrs = [r["lr"] for r in read_metrics(run_dir / "metrics.jsonl")]
     assert lrs[:4] == pytest.approx([0.0025, 0.005, 0.0075, 0.01])
@@ -105,7 +108,7 @@ def test_schedule_warmup_then_cosine(run_cli) -> None:  # type: ignore[no-untype
 
 
 def test_observers_write_tensorboard_profile_and_plots(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    proc, run_dir = run_cli(*SMALL, "trainer.max_steps=10", "trainer.profile_steps=2")
+    proc, run_dir = run_cli(*SMALL, *ONE_RANK, "trainer.max_steps=10", "trainer.profile_steps=2")
     ok(proc)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -128,7 +131,7 @@ def test_observers_write_tensorboard_profile_and_plots(run_cli, tmp_path: Path) 
     "model", [["model=transformer", "data.input_shape=[16,49]"], ["model=cnn", "data.input_shape=[3,16,16]"]]
 )
 def test_built_in_models_train(run_cli, model: list[str]) -> None:  # type: ignore[no-untyped-def]
-    proc, run_dir = run_cli("data.num_samples=2048", "trainer.max_steps=30", "trainer.lr=3e-3", *model)
+    proc, run_dir = run_cli("data.num_samples=2048", *ONE_RANK, "trainer.max_steps=30", "trainer.lr=3e-3", *model)
     ok(proc)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
@@ -174,7 +177,7 @@ def test_failing_script_fails_the_job(run_cli, tmp_path: Path) -> None:  # type:
 
 
 def test_notebook_api_runs_two_configs(tmp_path: Path) -> None:
-    small = ["data.num_samples=2048", "model.hidden_sizes=[32]", "trainer.max_steps=10"]
+    small = ["data.num_samples=2048", "model.hidden_sizes=[32]", "trainer.max_steps=10", *ONE_RANK]
     runs = [submit(*small, f"trainer.lr={lr}", run_dir=tmp_path / f"r{i}") for i, lr in enumerate([1e-3, 1e-2])]
     results = [run.result(timeout=180) for run in runs]
     assert [r["state"] for r in results] == ["COMPLETED", "COMPLETED"]
