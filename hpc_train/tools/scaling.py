@@ -8,7 +8,8 @@ keeps the per-rank batch fixed, so the global batch grows with the ranks. Each p
 (local, or a Slurm job: all points are submitted at once, then awaited). Throughput is the median of the
 samples/s a run logged after its first row (start-up and warm-up excluded). The table gives speed-up and
 efficiency against the smallest world size, and the recommendation is the largest world size whose
-efficiency stays at or above ``--threshold``.
+efficiency stays at or above ``--threshold``. With ``--mode both``, the smallest world size is one run for both
+modes (the same ranks, batch and data).
 """
 
 from __future__ import annotations
@@ -138,18 +139,22 @@ def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
 
 
 def run_study(points: list[Point], overrides: list[str], out: Path, timeout_s: float) -> list[float]:
-    """Submit every point (local runs go one at a time, so they do not share the CPUs), then collect."""
+    """Submit every point (local runs go one at a time, so they do not share the CPUs), then collect.
+
+    Points that are the same run share it: with ``--mode both``, strong and weak scaling at the smallest world
+    size have the same ranks, batch and data, so that job runs once (in the strong point's folder) and both rows
+    of the table read its throughput."""
     base = compose_config(*overrides)
-    results: list[float] = []
-    runs: list[Run] = []
+    runs: dict[tuple[str, ...], Run] = {}
     for point in points:
-        run = submit(*overrides, *point.overrides(), run_dir=out / point.name)
+        key = tuple(point.overrides())
+        if key in runs:
+            continue
+        runs[key] = submit(*overrides, *key, run_dir=out / point.name)
         if base.cluster.launcher != "slurm":
-            _finish(run, timeout_s)
-        runs.append(run)
-    for run in runs:
-        results.append(throughput(_finish(run, timeout_s)))
-    return results
+            _finish(runs[key], timeout_s)
+    values = {key: throughput(_finish(run, timeout_s)) for key, run in runs.items()}
+    return [values[tuple(point.overrides())] for point in points]
 
 
 def _finish(run: Run, timeout_s: float) -> list[dict[str, Any]]:

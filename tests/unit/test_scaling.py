@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hpc_train.core.errors import ConfigError
+from hpc_train.tools import scaling
 from hpc_train.tools.scaling import Point, plan, recommend, summarize, throughput
 
 
@@ -51,3 +54,37 @@ def test_summary_and_recommendation() -> None:
 def test_throughput_skips_the_first_row() -> None:
     assert throughput([{"samples_per_s": 10.0}, {"samples_per_s": 100.0}, {"samples_per_s": 120.0}]) == 110.0
     assert throughput([{"samples_per_s": 10.0}]) == 10.0
+
+
+class _FinishedRun:
+    """What run_study reads of a finished run: its metrics rows."""
+
+    def __init__(self, samples_per_s: float) -> None:
+        self.rows = [{"samples_per_s": samples_per_s}]
+
+    def result(self, timeout: float | None = None) -> dict[str, str]:
+        return {"state": "COMPLETED"}
+
+    def metrics(self) -> list[dict[str, float]]:
+        return self.rows
+
+
+def test_strong_and_weak_share_the_smallest_world_size(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One job for the two rows that are the same run; the table still has both."""
+    submitted: list[tuple[str, ...]] = []
+
+    def submit(*overrides: str, run_dir: Path) -> _FinishedRun:
+        submitted.append((run_dir.name, *overrides))
+        return _FinishedRun(100.0 * len(submitted))
+
+    monkeypatch.setattr(scaling, "submit", submit)
+    points = plan([1, 2], 2, 8, ["strong", "weak"], [None])
+    values = scaling.run_study(points, ["trainer.max_steps=3"], tmp_path, timeout_s=1)
+    assert [s[0] for s in submitted] == ["strong-w1", "strong-w2", "weak-w2"]
+    assert submitted[0][1:] == (
+        "trainer.max_steps=3",
+        "cluster.nodes=1",
+        "cluster.tasks_per_node=1",
+        "trainer.batch_size=8",
+    )
+    assert values == [100.0, 200.0, 100.0, 300.0]
