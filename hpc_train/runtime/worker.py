@@ -77,6 +77,8 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
     if cfg.script.enabled:
         from hpc_train.runtime.script import run_user_script
 
+        if env.rank == 0 and cfg.script.torchrun_env:  # it hosts the scripts' store: torch, with the collector off
+            import torch.distributed  # noqa: F401
         startup.done()
         return _ended(rd, env, cfg, job, run_user_script(rd, env, cfg, job, early_stop=startup.signals))
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
