@@ -15,10 +15,10 @@ dry-runs can resolve ranks without paying for ``import torch``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpc_train.core.hostlist import expand_hostlist, parse_tasks_per_node
+from hpc_train.core.lazy import lazy_attributes
 from hpc_train.distributed.env import (
     PORT_BASE,
     PORT_SPAN,
@@ -71,7 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"hpc_train.distributed.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'hpc_train.distributed' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -10,8 +10,9 @@ and the trackers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpc_train.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from hpc_train.launch.launcher import (
@@ -35,7 +36,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("hpc_train.launch.launcher"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(__all__, "launcher"))

@@ -24,16 +24,6 @@ from hpc_train.launch.reshape import record_reshape, reshaped
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
 from hpc_train.tracking import ensure_runs
 
-__all__ = [
-    "claim_run_dir",
-    "finished_message",
-    "finished_step",
-    "launch",
-    "make_private",
-    "slurm_probe",
-    "write_config",
-]
-
 TRAINING_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_epochs", "trainer.early_stopping.patience")
 """The keys a resumed run may change that decide how far it trains: a finished run with new values of these
 may have more to train."""
