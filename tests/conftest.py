@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -17,6 +18,14 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 """hpc_train's own config groups, at the top of the repository; the wheel ships them as hpc_train/conf."""
+
+
+def needs(*packages: str) -> pytest.MarkDecorator:
+    """Skip unless ``packages`` are installed (from the test extra). Found, not imported: importing mlflow and
+    wandb cost every pytest process that collects the module 3.3 CPU-s, for tests that run in one of them."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}, from the test extra")
+
 
 gpu_test = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 """Marks a test that needs a GPU: skipped on CPU-only machines (CI), run with ``pytest -m gpu`` where one is."""

@@ -19,13 +19,11 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO, wait_for_ranks, wait_for_step
+from ..conftest import REPO, needs, wait_for_ranks, wait_for_step
 from ..wandb_offline import attempts_that_opened_wandb, offline_history
 from .conftest import SLURM_2X1, cli, submit_job, wait_for_job
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
-mlflow = pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
-pytest.importorskip("wandb", reason="the wandb package is in the test extra")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed"), needs("mlflow", "wandb")]
 
 CONTROLLER = "10.77.0.1"
 """The testbed controller's address, which every node (a network namespace on the bridge) reaches."""

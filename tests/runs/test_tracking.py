@@ -13,10 +13,10 @@ import pytest
 
 from hpc_train.core.rundir import RunDir
 
+from ..conftest import needs
 from ..wandb_offline import attempts_that_opened_wandb, offline_history
 
-pytest.importorskip("mlflow", reason="the mlflow package is in the test extra")
-pytest.importorskip("wandb", reason="the wandb package is in the test extra")
+pytestmark = needs("mlflow", "wandb")
 
 # Rows every 5 steps, a checkpoint every 15: a failure at step 23 leaves rows 5..20 logged and the checkpoint
 # of step 15, so the resumed attempt trains step 20 again (and must not log it twice). The trackers are rank
