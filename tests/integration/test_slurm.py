@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 TWO_BY_TWO = [*SLURM_2X2, "model.hidden_sizes=[64]"]
 TWO_BY_ONE = [*SLURM_2X1, "model.hidden_sizes=[64]"]
 """For the tests whose point is not two ranks a node (what the launcher, the jobs command or the API does with a
-job): each rank is a process that imports torch (~4 CPU-s here). Two ranks a node are submitted every way by the
-other tests here: submitit, plain sbatch, salloc, an array, a torchrun-style script."""
+job, an array): each rank is a process that imports torch (~4 CPU-s here). Two ranks a node are submitted every
+way by the other tests here (submitit, plain sbatch, salloc, a torchrun-style script) and in arrays by
+test_pack_slurm."""
 
 
 def assert_trained_on_two_hosts(run_dir: Path, ranks: int = 4) -> None:
@@ -131,7 +132,8 @@ def test_training_in_an_salloc_allocation(tmp_path: Path) -> None:
 
 def test_sweep_is_one_array(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", *TWO_BY_TWO, "trainer.max_steps=10", "trainer.lr=1e-3,3e-3,1e-2", "cluster.array_parallelism=2"]
+    # Two nodes an element, one rank a node: test_pack_slurm submits arrays of two ranks a node.
+    args = ["-m", *TWO_BY_ONE, "trainer.max_steps=10", "trainer.lr=1e-3,3e-3,1e-2", "cluster.array_parallelism=2"]
     start = time.monotonic()
     proc = cli("hpc_train", *args, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -160,7 +162,7 @@ def test_sweep_is_one_array(tmp_path: Path) -> None:
         [f"trainer.lr={lr}", f"{array_id}_{i}", "COMPLETED"] for i, lr in enumerate(["0.001", "0.003", "0.01"])
     ]
     for i in range(3):
-        assert_trained_on_two_hosts(sweep_dir / str(i))
+        assert_trained_on_two_hosts(sweep_dir / str(i), ranks=2)
 
 
 def test_hostile_names_are_inert(tmp_path: Path) -> None:
@@ -389,7 +391,7 @@ def test_sigterm_while_sbatch_answers_keeps_the_job_and_says_so(tmp_path: Path) 
     )
     wrapper.chmod(0o755)
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "hpc_train", *TWO_BY_TWO, "cluster.submit=sbatch", "trainer.max_steps=100000"]
+    argv = [sys.executable, "-m", "hpc_train", *TWO_BY_ONE, "cluster.submit=sbatch", "trainer.max_steps=100000"]
     env = {**os.environ, "PATH": f"{wrapper.parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [*argv, f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

@@ -22,8 +22,10 @@ from ..readme_examples import (
 
 README = (REPO / "README.md").read_text()
 SCVI_EXAMPLE = "script.module=hpc_train.examples.scvi_script"
-"""Run whole, as the uninterrupted baseline of tests/runs/test_framework_preemption.py's scvi-tools test."""
-LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args) and SCVI_EXAMPLE not in args]
+LIGHTNING_EXAMPLE = "script.module=hpc_train.examples.lightning_script"
+BASELINES = (SCVI_EXAMPLE, LIGHTNING_EXAMPLE)
+"""Run whole, as the uninterrupted baselines of tests/runs/test_framework_preemption.py's tests."""
+LOCAL_EXAMPLES = [args for args in cli_examples() if not is_slurm(args) and not set(BASELINES) & set(args)]
 
 
 def test_readme_opens_with_the_two_commands() -> None:
