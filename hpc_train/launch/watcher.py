@@ -9,8 +9,9 @@ until each has heard it; they checkpoint at the next step boundary), kills what 
 ``WATCH_STOP_S``, and only then gives the run dir's lease back: the lease names the watcher, so the run dir
 stays owned until the ranks are gone.
 
-One process per local launch, so it imports only ``hpc_train.core`` (0.08 CPU-s here, against 0.3 with the
-launcher's modules: submitit, omegaconf, the config schema).
+The launcher's own Ctrl-C asks the ranks to stop the same way (``ask_ranks_to_stop``, ``task_pids``, from here).
+The watcher is one process per local launch, so this module imports only ``hpc_train.core``: 0.08 CPU-s here,
+against 0.3 with the launcher's modules (submitit, omegaconf, the config schema).
 """
 
 from __future__ import annotations
