@@ -1,7 +1,8 @@
 """``python -m hpc_train [group=option ...] [key=value ...]``: compose and validate the config, launch it.
 
 Everything lives in ``hpc_train.cli``; it is imported here, inside the guard, so that a Ctrl-C while Hydra and
-the config are still being imported ends the command with one line instead of a traceback.
+the config are still being imported ends the command with one line instead of a traceback (held until the config
+is composed, then served).
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ import sys
 
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
-    from hpc_train.core.signals import sigterm_as_interrupt
+    from hpc_train.core.signals import composed, hold_while_composing, sigterm_as_interrupt
 
     # SIGTERM (kill, a CI runner's timeout) before a launcher has taken it over ends the command as Ctrl-C does,
     # with its one line, rather than killing it mid-way; the local launcher handles its own.
     try:
         with sigterm_as_interrupt():
-            from hpc_train.cli import main as cli_main
+            # Held from here until the config is composed (hpc_train.cli calls composed()): importing Hydra
+            # builds its own schemas with OmegaConf, and a Ctrl-C that cuts that halfway surfaces as OmegaConf's
+            # AttributeError (a traceback and exit 1; seen in CI with a Ctrl-C 0.5 s after launch).
+            hold_while_composing()
+            try:
+                from hpc_train.cli import main as cli_main
 
-            cli_main()
+                cli_main()
+            finally:
+                composed()
     except KeyboardInterrupt:  # before a launcher took over its job's Ctrl-C or SIGTERM (importing, composing)
         print(f"\nhpc_train: {_interrupted()}", file=sys.stderr, flush=True)
         # A Ctrl-C that lands inside an import leaves CPython set to end the process by SIGINT at exit, though

@@ -30,8 +30,6 @@ from hpc_train.core.signals import composed, hold_while_composing
 from hpc_train.launch import claim_run_dir, finished_message, finished_step, write_config
 from hpc_train.launch.preflight import preflight
 
-register_configs()
-
 
 @hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
 def _app(raw: DictConfig) -> None:
@@ -86,6 +84,7 @@ def main() -> None:
         raise SystemExit(2) from None
     hold_while_composing()
     try:
+        register_configs()  # under the hold: OmegaConf cut halfway fails with an error that hides the Ctrl-C
         _app()
     finally:
         composed()  # (Hydra printed the config, or refused it, without running the app)
