@@ -7,7 +7,8 @@ one of its observers (``FaultObserver``: called after every step, and wrapping t
 kinds: ``raise`` (a RuntimeError in the training step), ``exit`` (os._exit(3), no cleanup), ``kill`` (SIGKILL to
 itself), ``term`` / ``usr2`` / ``int`` (that signal to itself, as Slurm or Ctrl-C would send it), ``hang`` (sleeps
 inside the step, forever), ``freeze`` (SIGSTOP to itself: frozen, as a rank on a dead node), ``killsave`` (SIGKILL
-halfway through writing the checkpoint of that step, on rank 0), ``termsave`` (SIGTERM to itself while writing
+halfway through writing the checkpoint of that step, on rank 0; a background write, trainer.checkpoint_async,
+dies once training has gone on to the next step), ``termsave`` (SIGTERM to itself while writing
 the checkpoint of that step, on rank 0). ``step=0`` fires before the rendezvous
 (init_process_group), ``step=N`` after the N-th optimizer step. ``attempt=K`` arms it in attempt K only (the
 supervisor's restarts would otherwise meet it again). ``member=M`` arms it in member M of a pack only
@@ -19,9 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from hpc_train.core.identity import PACK_VARIABLE
@@ -41,9 +43,14 @@ class Fault:
     rank: int
     step: int
     kind: str
+    went_on: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    """Set once this rank has trained past ``step``: a background write killed halfway waits for it, so that the
+    kill comes while training goes on (as a node lost mid-write), not while the step still hands the write over."""
 
     def at_step(self, rank: int, step: int) -> None:
         """Called after every optimizer step (and with step 0 before the rendezvous): fire if it is time."""
+        if rank == self.rank and step > self.step:
+            self.went_on.set()
         if rank != self.rank or step != self.step or self.kind in _WHILE_SAVING:
             return
         if self.kind == "raise":
@@ -68,6 +75,8 @@ class Fault:
         def serialize_or_die(state: Any, f: IO[bytes]) -> None:
             if isinstance(state, dict) and state.get("step") == self.step:
                 if self.kind == "killsave":
+                    if threading.current_thread() is not threading.main_thread():
+                        self.went_on.wait(timeout=30)  # bounded: a step's last checkpoint waits for this write
                     _die_halfway(f)
                 os.kill(os.getpid(), signal.SIGTERM)
             serialize(state, f)
