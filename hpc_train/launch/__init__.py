@@ -4,7 +4,7 @@ Launchers never import the trainer: every task runs ``hpc_train.worker``, which 
 ``write_config`` prepared.
 
 The names below live in ``hpc_train.launch.launcher`` and load on first use: a process that needs one launcher
-module (the local launcher"s watcher, ``hpc_train.launch.watcher``) does not pay for omegaconf, the config schema
+module (the local launcher's watcher, ``hpc_train.launch.watcher``) does not pay for omegaconf, the config schema
 and the trackers.
 """
 
