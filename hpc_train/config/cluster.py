@@ -235,10 +235,12 @@ class ClusterConfig(Checked):
     nodes: int = 1
     """Number of nodes."""
     min_nodes: int | None = None
-    """The fewest nodes a Slurm job may go on training with after it lost one (None: ``nodes``, no shrinking).
-    When a node is lost or blamed and no spare is left, the next attempt runs in the same allocation on the
-    healthy nodes, down to this many, from the newest checkpoint and with the same global batch. Below
-    ``nodes``, the job is submitted with --no-kill. The built-in trainer only."""
+    """The fewest nodes a Slurm job may train on (None: ``nodes``, a fixed shape). Below ``nodes``, the job asks
+    Slurm for the range (``--nodes=min_nodes-nodes``, spares on top), starts on what is free and comes back
+    from a requeue on what is free then; and when a node is lost or blamed and no spare is left, the next
+    attempt runs in the same allocation on the healthy nodes, down to this many. Every shape keeps the global
+    batch, learning rate, schedule and sample order of ``nodes`` (``config.shape.on_nodes``), and the job is
+    submitted with --no-kill. The built-in trainer only."""
     tasks_per_node: int = 0
     """Processes (ranks) per node; 0 picks gpus_per_node on GPU jobs and 1 on CPU jobs (``ranks_per_node``; a
     loaded config holds the number picked, see ``hpc_train.config.resolve``)."""
@@ -387,8 +389,21 @@ class ClusterConfig(Checked):
 
     @property
     def allocated_nodes(self) -> int:
-        """The nodes asked of Slurm: those that train and the spares."""
+        """The most nodes asked of Slurm: those that train and the spares."""
         return self.nodes + self.slurm.spare_nodes
+
+    @property
+    def asks_range(self) -> bool:
+        """The job asks Slurm for a node range (``cluster.min_nodes`` below ``cluster.nodes``)."""
+        return self.fewest_nodes < self.nodes
+
+    @property
+    def nodes_request(self) -> str:
+        """sbatch's --nodes: ``allocated_nodes``, or the range ``min_nodes-allocated_nodes``. A job given fewer than
+        ``nodes`` trains on all it got; the nodes beyond ``nodes`` are its spares."""
+        if self.asks_range:
+            return f"{self.fewest_nodes}-{self.allocated_nodes}"
+        return str(self.allocated_nodes)
 
 
 # ---- the old flat names: cluster.<key> for cluster.slurm.<key> ----

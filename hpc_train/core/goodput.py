@@ -19,6 +19,7 @@ its last step when it completed (or still runs). Then, in seconds:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -160,6 +161,18 @@ def ledger(
                     "ranks_after": after.ranks,
                 }
             )
+    reshapes = [
+        {
+            "after_attempt": before.attempt,
+            "in_allocation": after.allocation == before.allocation,
+            "nodes_before": len(before.nodes),
+            "nodes_after": len(after.nodes),
+            "ranks_before": before.ranks,
+            "ranks_after": after.ranks,
+        }
+        for before, after in itertools.pairwise(attempts)
+        if before.ranks and after.ranks and before.ranks != after.ranks
+    ]
     productive = sum(r["productive_s"] for r in rows)
     startup = sum(r["startup_s"] for r in rows)
     redone = sum(r["redone_s"] for r in rows)
@@ -176,6 +189,9 @@ def ledger(
         "attempts": len(attempts),
         "failures": sum(1 for a in attempts if a.failure is not None),
         "restarts": restarts,
+        # Every change of the rank count from one attempt to the next: nodes lost (cluster.min_nodes), or a job
+        # that asks for a node range given another count after a requeue.
+        "reshapes": reshapes,
         "per_attempt": rows,
         "updated": now,
     }

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hpc_train.core.textutil import asked_for
+
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; only for annotations, which are not evaluated
 
@@ -378,6 +380,10 @@ class Allocation(_Record):
     start: float
     end: float | None = None
     """None while the job holds it."""
+    min_nodes: int | None = None
+    """The node range the job asked Slurm for (``cluster.min_nodes``, spares on top); None for a fixed count,
+    which ``nodes`` is."""
+    max_nodes: int | None = None
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "job_id": AttemptRecord.KEYS["job_id"],
@@ -385,12 +391,21 @@ class Allocation(_Record):
         "nodes": _HOSTS,
         "start": _Key("is not a time stamp", _number, required=True),
         "end": _TIME,
+        "min_nodes": _Key("is not a node count", _or_none(_integer)),
+        "max_nodes": _Key("is not a node count", _or_none(_integer)),
     }
     NULLS = frozenset({"end"})
 
     @property
     def allocation(self) -> tuple[str, int]:
         return self.job_id, self.requeue
+
+    @property
+    def asked(self) -> str:
+        """'asked for 2-8 nodes, got 4' for a job that asked for a range; '' for a fixed count."""
+        if self.min_nodes is None or self.max_nodes is None:
+            return ""
+        return asked_for(self.min_nodes, self.max_nodes, len(self.nodes))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,11 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def asked_for(low: int, high: int, got: int) -> str:
+    """``asked for 2-8 nodes, got 4``: what a job that asks Slurm for a node range (``cluster.min_nodes``) was given."""
+    return f"asked for {low}-{high} nodes, got {got}"
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces, the header first."""
     cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]

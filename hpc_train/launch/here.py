@@ -40,11 +40,19 @@ def allocation_nodes(cfg: Config, environ: Mapping[str, str] | None = None) -> l
             "in the shell that `salloc -N2` opens (not under srun), or submit a job with cluster.slurm.submit=submitit."
         )
     nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST", ""))
-    if len(nodes) < cfg.cluster.allocated_nodes:
+    cluster = cfg.cluster
+    if cluster.asks_range and len(nodes) < cluster.fewest_nodes:
         raise ConfigError(
-            f"cluster.nodes={cfg.cluster.nodes} (+ cluster.slurm.spare_nodes={cfg.cluster.slurm.spare_nodes}) needs "
-            f"{cfg.cluster.allocated_nodes} nodes, but allocation {env['SLURM_JOB_ID']} holds {len(nodes)} "
-            f"({','.join(nodes)}). HINT: set cluster.nodes={len(nodes)}, or salloc more nodes."
+            f"cluster.min_nodes={cluster.min_nodes} needs at least {cluster.fewest_nodes} nodes, but allocation "
+            f"{env['SLURM_JOB_ID']} holds {len(nodes)} ({','.join(nodes)}). HINT: set cluster.min_nodes={len(nodes)}, "
+            "or salloc more nodes."
+        )
+    if not cluster.asks_range and len(nodes) < cluster.allocated_nodes:
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes} (+ cluster.slurm.spare_nodes={cluster.slurm.spare_nodes}) needs "
+            f"{cluster.allocated_nodes} nodes, but allocation {env['SLURM_JOB_ID']} holds {len(nodes)} "
+            f"({','.join(nodes)}). HINT: set cluster.nodes={len(nodes)} (or cluster.min_nodes={len(nodes)} to train "
+            "on fewer), or salloc more nodes."
         )
     return nodes
 

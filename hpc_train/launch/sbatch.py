@@ -41,7 +41,8 @@ def sbatch_flags(cluster: ClusterConfig, pack: int = 1) -> dict[str, str | None]
     """The resource flags of one job (or of each array element); None marks a flag without a value. ``pack``:
     the runs that share the job (``cluster.pack``), each with ``cluster``'s tasks, GPUs and memory per node."""
     flags: dict[str, str | None] = {
-        "nodes": str(cluster.allocated_nodes),  # training nodes and spares: the supervisor picks among them
+        # Training nodes and spares, or the range from cluster.min_nodes: the supervisor picks among what it gets.
+        "nodes": cluster.nodes_request,
         "ntasks-per-node": str(cluster.tasks_per_node * pack),
         "cpus-per-task": str(cluster.cpus_per_task),
         "time": str(math.ceil(cluster.timeout_min)),
@@ -51,7 +52,7 @@ def sbatch_flags(cluster: ClusterConfig, pack: int = 1) -> dict[str, str | None]
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
-    if cluster.slurm.spare_nodes or cluster.fewest_nodes < cluster.nodes:
+    if cluster.slurm.spare_nodes or cluster.asks_range:
         # A lost node must not end the allocation: the supervisor goes on with a spare, or on fewer nodes
         # (cluster.min_nodes). Otherwise Slurm's default stays (the job ends on a node failure, and is requeued
         # onto healthy nodes).

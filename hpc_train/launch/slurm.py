@@ -246,8 +246,12 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         "use_srun": False,
         "array_parallelism": cluster.slurm.array_parallelism or spec.jobs,
     }
-    for key in ("nodes", "ntasks-per-node", "cpus-per-task", "job-name"):
+    for key in ("ntasks-per-node", "cpus-per-task", "job-name"):
         flags.pop(key)
+    # submitit takes nodes as a number (it counts the job's tasks with it): a range (cluster.min_nodes) goes
+    # through additional_parameters, which submitit writes over its own --nodes line.
+    if not cluster.asks_range:
+        flags.pop("nodes")
     # signal, GPUs, partition, account, ... and cluster.slurm.sbatch_args; submitit writes True as a bare flag.
     params["additional_parameters"] = {k: True if v is None else v for k, v in flags.items()}
     executor.update_parameters(**params)

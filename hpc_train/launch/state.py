@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, RequeueEntry, Reshape
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, RequeueEntry, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -193,8 +193,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
 
     notes = [attempts_note(attempts)] if attempts else []
     notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
+    asked = asked_note(run_dir.allocation_records(), job_id)
+    notes += asked
     if all_ranks(statuses, world_size, RankState.COMPLETED):
-        retried = notes if len(attempts) > 1 else []
+        retried = notes if len(attempts) > 1 else asked
         doubts = [f"warning: {note}" for note in completion_notes(statuses)]  # no sign of training
         detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)
@@ -234,6 +236,14 @@ def stops_note(history: list[RequeueEntry]) -> list[str]:
     if not seconds:
         return []
     return [f"requeued {len(history)}x; checkpoint durable {', '.join(seconds)} s after each stop signal"]
+
+
+def asked_note(allocations: list[Allocation], job_id: str) -> list[str]:
+    """'job 12 asked for 2-8 nodes, got 4' for the job's latest allocation, when it asked for a node range."""
+    last = allocations[-1] if allocations else None
+    if last is None or not last.asked or (job_id and last.job_id != job_id):  # (a job submitted since: not yet)
+        return []
+    return [f"job {last.job_id} {last.asked}"]
 
 
 def reshapes_note(history: list[Reshape]) -> list[str]:

@@ -49,13 +49,20 @@ class AttemptLedger:
 
     # ---- the allocation -----------------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """Read the books, close what an earlier batch step left open, and open this allocation."""
+    def begin(self, asked: tuple[int, int] | None = None) -> None:
+        """Read the books, close what an earlier batch step left open, and open this allocation (``asked``: the
+        node range the job asked for, None for a fixed count)."""
         self.attempts = self.rd.attempt_records()
         self.allocations = self.rd.allocation_records()
         self._close_abandoned()
+        low, high = asked or (None, None)
         mine = Allocation(
-            job_id=self.job.allocation[0], requeue=self.job.requeues, nodes=tuple(self.nodes), start=time.time()
+            job_id=self.job.allocation[0],
+            requeue=self.job.requeues,
+            nodes=tuple(self.nodes),
+            start=time.time(),
+            min_nodes=low,
+            max_nodes=high,
         )
         self.allocations.append(mine)
         self.rd.write_allocations(self.allocations)

@@ -40,6 +40,7 @@ from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
+from hpc_train.core.textutil import asked_for
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
@@ -86,7 +87,10 @@ class Supervisor:
 
     def run(self) -> int:
         self.signals.install()
-        self.ledger.begin()
+        asked = (self.cluster.fewest_nodes, self.cluster.allocated_nodes) if self.cluster.asks_range else None
+        self.ledger.begin(asked)
+        if asked is not None:
+            say(f"{asked_for(*asked, len(self.allocation))} ({','.join(self.allocation)})", sys.stdout)
         # The tracker runs, if the submission could not create them (a sweep's elements, an unreachable server):
         # before the first attempt, so that a script's ranks get their ids.
         ensure_runs(self.rd, self.cfg)
@@ -128,7 +132,7 @@ class Supervisor:
             why_not = self._refusal()
             if why_not is not None:
                 return self._give_up(entry, why_not)
-            if self.cluster.slurm.spare_nodes or self.cluster.fewest_nodes < self.cluster.nodes:
+            if self.cluster.slurm.spare_nodes or self.cluster.asks_range:
                 for host in failure.suspects:
                     if host in self.allocation:
                         self.rd.add_bad_node(host, failure.describe(), number)
@@ -149,7 +153,7 @@ class Supervisor:
         self.ledger.save(entry)
         argv = step_argv(self.rd, self.cluster, nodes, self.python, member_srun_options(self.cluster, self.environ))
         say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
-        environ = {**self.environ, **self.job.for_attempt(number).environ(), **self._shrink(number, nodes)}
+        environ = {**self.environ, **self.job.for_attempt(number).environ(), **self._shape(number, nodes)}
         step = SrunStep(argv, environ, forward_stop=self._forwarded(), hasty=self.interactive)
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
@@ -183,20 +187,43 @@ class Supervisor:
         self.ledger.save(entry)
         return entry
 
-    def _shrink(self, number: int, nodes: list[str]) -> dict[str, str]:
-        """An attempt on fewer nodes than cluster.nodes (down to cluster.min_nodes, after losing some): say and
-        record it, and tell its ranks (they keep the global batch); {} for an attempt on cluster.nodes."""
-        if len(nodes) == self.cluster.nodes:
-            return {}
-        was, onto = (Shape.of(c).describe() for c in (self.cfg, on_nodes(self.cfg, len(nodes))))
-        lost = sorted({n.host for n in self.rd.bad_node_records()} & set(self.allocation))
-        why = (
-            f"attempt {number} in job {self.job.allocation[0]} without {','.join(lost) or 'a lost node'}, no spare "
-            f"left (cluster.min_nodes={self.cluster.min_nodes})"
-        )
-        say(f"going on with {len(nodes)} of {self.cluster.nodes} nodes: {onto}; {why}")
-        self.rd.append_reshape(Reshape(was=was, onto=onto, time=time.time(), why=why))
-        return {NODES_VARIABLE: str(len(nodes))}
+    def _shape(self, number: int, nodes: list[str]) -> dict[str, str]:
+        """Say and record (``status/reshapes.json``) an attempt on another node count than the attempt before it
+        (the run's first: than cluster.nodes), and tell the ranks of one on fewer than cluster.nodes how many
+        (they keep the global batch); {} for an attempt on cluster.nodes. The count changes when nodes are lost
+        (down to cluster.min_nodes), and when a job that asks for a range is given another count."""
+        before = self._nodes_before(number)
+        if len(nodes) != before:
+            was, onto = (Shape.of(on_nodes(self.cfg, n)).describe() for n in (before, len(nodes)))
+            lost = sorted({n.host for n in self.rd.bad_node_records()} & set(self.allocation))
+            job = self.job.allocation[0]
+            if lost and len(nodes) < before:
+                why = (
+                    f"attempt {number} in job {job} without {','.join(lost)}, no spare "
+                    f"left (cluster.min_nodes={self.cluster.min_nodes})"
+                )
+            elif self.cluster.asks_range:
+                asked = asked_for(self.cluster.fewest_nodes, self.cluster.allocated_nodes, len(self.allocation))
+                why = f"attempt {number} in job {job}, which {asked} (cluster.min_nodes={self.cluster.min_nodes})"
+            else:
+                why = f"attempt {number} in job {job}, on the {self.cluster.allocated_nodes} nodes it asked for"
+            say(f"training on {len(nodes)} of {self.cluster.nodes} nodes: {onto}, was {was}; {why}")
+            self.rd.append_reshape(Reshape(was=was, onto=onto, time=time.time(), why=why))
+        return {} if len(nodes) == self.cluster.nodes else {NODES_VARIABLE: str(len(nodes))}
+
+    def _nodes_before(self, number: int) -> int:
+        """The node count of the attempt before attempt ``number``, unless the run was resubmitted on another
+        shape since (that change is recorded already) or has none; then cluster.nodes."""
+        last = next((a for a in reversed(self.ledger.attempts) if a.attempt < number), None)
+        ranks_per_node = self.cluster.ranks_per_node
+        if last is None or not last.ranks or last.ranks % ranks_per_node:
+            return self.cluster.nodes
+        if not fits_on(self.cfg, last.ranks // ranks_per_node) or last.ranks > self.cluster.world_size:
+            return self.cluster.nodes
+        ended = last.end or last.start or 0.0
+        if any((r.time or 0.0) > ended for r in self.rd.reshape_records()):
+            return self.cluster.nodes
+        return last.ranks // ranks_per_node
 
     def _forwarded(self) -> int:
         """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on.

@@ -23,7 +23,7 @@ from hpc_train.config import Config
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
-from hpc_train.core.textutil import plural
+from hpc_train.core.textutil import asked_for, plural
 from hpc_train.distributed import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, FaultObserver, armed_fault
 from hpc_train.runtime.logs import setup_logging
@@ -72,6 +72,7 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
     from hpc_train.config.shape import NODES_VARIABLE, on_nodes
 
     cfg = load_config(rd.config)
+    asked = _asked(cfg, os.environ.get("SLURM_JOB_NUM_NODES", ""))
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
@@ -83,7 +84,7 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         return _ended(rd, env, cfg, job, run_user_script(rd, env, cfg, job, early_stop=startup.signals))
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
     try:
-        fit = _train(rd, env, cfg, job, startup, trackers)
+        fit = _train(rd, env, cfg, job, startup, trackers, asked)
     except BaseException:
         if trackers is not None:
             trackers.close("failed")
@@ -104,8 +105,21 @@ def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) ->
     return after_stop(rd, env, cfg, job, fit)
 
 
+def _asked(cfg: Config, allocated: str) -> str:
+    """'asked for 2-8 nodes, got 4' for a Slurm job that asked for a node range ('' otherwise)."""
+    if not cfg.cluster.asks_range or not allocated.isdigit():
+        return ""
+    return asked_for(cfg.cluster.fewest_nodes, cfg.cluster.allocated_nodes, int(allocated))
+
+
 def _train(
-    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup, trackers: TrackerLog | None
+    rd: RunDir,
+    env: DistEnv,
+    cfg: Config,
+    job: JobIdentity,
+    startup: Startup,
+    trackers: TrackerLog | None,
+    asked: str = "",
 ) -> Fit:
     from hpc_train.distributed import distributed
 
@@ -115,7 +129,7 @@ def _train(
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
     with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
-        _publish_rank_table(rd, env, device, job.attempt)
+        _publish_rank_table(rd, env, device, job.attempt, asked)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
         return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
 
@@ -147,8 +161,9 @@ def _guards(
             stop.restore()
 
 
-def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int) -> None:
-    """Every rank's host, device and rendezvous address, with the attempt: in rank 0's log and in the run dir."""
+def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int, asked: str = "") -> None:
+    """Every rank's host, device and rendezvous address, with the attempt (and for a job that asked for a node
+    range, what it got): in rank 0's log and in the run dir."""
     import logging
 
     from hpc_train.distributed import format_rank_table, gather_rank_table
@@ -156,9 +171,14 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
     rows = gather_rank_table(env, device)
     if env.is_main:
         logging.getLogger("hpc_train").info(
-            "rank table (attempt %d, %s):\n%s", attempt, plural(len(rows), "rank"), format_rank_table(rows)
+            "rank table (attempt %d, %s%s):\n%s",
+            attempt,
+            plural(len(rows), "rank"),
+            f"; {asked}" if asked else "",
+            format_rank_table(rows),
         )
-        rd.write_rank_table([row.as_dict() | {"attempt": attempt} for row in rows])
+        extra = {"attempt": attempt, "asked": asked} if asked else {"attempt": attempt}
+        rd.write_rank_table([row.as_dict() | extra for row in rows])
 
 
 def _observers(

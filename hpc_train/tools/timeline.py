@@ -91,11 +91,16 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
     before: float | None = float(submitted) if isinstance(submitted, int | float) else None
     for row, allocation in enumerate(allocations):
         row_of[allocation.allocation] = row
-        out.rows.append(f"job {allocation.job_id}" + (f" (requeue {allocation.requeue})" if allocation.requeue else ""))
+        requeue = f" (requeue {allocation.requeue})" if allocation.requeue else ""
+        got = ""
+        if allocation.asked:  # a node range: the count it got, as the row's second line
+            got = f"\n{len(allocation.nodes)} of {allocation.min_nodes}-{allocation.max_nodes} nodes"
+        out.rows.append(f"job {allocation.job_id}{requeue}{got}")
         if before is not None and before < allocation.start:
             out.bars.append(Bar(row, "queue", before, allocation.start))
         before = allocation.end
     by_attempt = {r["attempt"]: r for r in out.goodput.get("per_attempt", [])}
+    ranged = any(a.asked for a in allocations)  # the attempts' bars say on how many nodes each trained
     last_end: dict[int, float] = {}
     for attempt in attempts:
         found = row_of.get(attempt.allocation)
@@ -109,7 +114,8 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
         for kind in ("startup", "productive", "redone"):
             span = float(figures[f"{kind}_s"])
             if span > 0:
-                text = f"attempt {attempt.attempt}" if kind == "productive" else ""
+                nodes = f", {len(attempt.nodes)} nodes" if ranged else ""
+                text = f"attempt {attempt.attempt}{nodes}" if kind == "productive" else ""
                 out.bars.append(Bar(row, kind, at, at + span, text))
             at += span
         last_end[row] = at

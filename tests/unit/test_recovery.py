@@ -178,6 +178,22 @@ def test_without_a_spare_the_job_goes_on_with_fewer_nodes_down_to_min_nodes() ->
     assert "no-kill" in sbatch_flags(four) and "no-kill" not in sbatch_flags(slurm(nodes=4))
 
 
+def test_min_nodes_asks_slurm_for_a_range_with_the_spares_on_top() -> None:
+    assert sbatch_flags(slurm(nodes=4, min_nodes=2))["nodes"] == "2-4"
+    assert sbatch_flags(slurm(nodes=4, min_nodes=2, spare_nodes=1))["nodes"] == "2-5"
+    assert sbatch_flags(slurm(nodes=4, min_nodes=4, spare_nodes=1))["nodes"] == "5"
+    assert sbatch_flags(slurm(nodes=4))["nodes"] == "4"
+
+
+def test_submitit_writes_the_range_over_its_own_node_count(tmp_path: Path) -> None:
+    """submitit counts tasks with its ``nodes`` (a number): the range goes in additional_parameters, which
+    submitit writes instead of its own --nodes line (what _submit_submitit relies on)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    text = _make_sbatch_string(command="true", folder=tmp_path, nodes=4, additional_parameters={"nodes": "2-4"})
+    assert [line for line in text.splitlines() if line.startswith("#SBATCH --nodes")] == ["#SBATCH --nodes=2-4"]
+
+
 def test_min_nodes_is_checked_before_anything_is_submitted() -> None:
     from hpc_train.api import compose_config
     from hpc_train.config.shape import Shape, on_nodes
@@ -279,6 +295,8 @@ rd = RunDir(Path(argv[argv.index("--run-dir") + 1]))
 calls = os.path.join(os.environ["FAKE_SRUN_DIR"], "calls.jsonl")
 with open(calls, "a") as f:
     f.write(json.dumps(argv) + "\\n")
+with open(os.path.join(os.environ["FAKE_SRUN_DIR"], "nodes_told.txt"), "a") as f:  # an attempt on fewer nodes
+    f.write(os.environ.get("HPC_TRAIN_NODES", "-") + "\\n")
 n = sum(1 for _ in open(calls)) - 1
 plan = json.load(open(os.path.join(os.environ["FAKE_SRUN_DIR"], "plan.json")))[n]
 time.sleep(plan.get("sleep", 0))
@@ -293,9 +311,16 @@ sys.exit(plan.get("code", 0))
 """
 
 
-def supervised(tmp_path: Path, plan: list[dict[str, object]], **cluster: object) -> tuple[int, RunDir, list[list[str]]]:
-    """Run the supervisor on a 3-node allocation (2 training nodes) with srun replaced by ``plan``: one entry
-    per srun call (the rank statuses it leaves, rank 0's progress, srun's stderr lines, its exit code)."""
+def supervised(
+    tmp_path: Path,
+    plan: list[dict[str, object]],
+    allocation: str = "node[1-3]",
+    requeue: int = 0,
+    **cluster: object,
+) -> tuple[int, RunDir, list[list[str]]]:
+    """Run the supervisor on a 3-node allocation (2 training nodes; ``allocation`` gives others) with srun
+    replaced by ``plan``: one entry per srun call (the rank statuses it leaves, rank 0's progress, srun's stderr
+    lines, its exit code). ``requeue``: Slurm's restart count of the job (a requeued job's next allocation)."""
     import json
     import os
     import sys
@@ -304,7 +329,7 @@ def supervised(tmp_path: Path, plan: list[dict[str, object]], **cluster: object)
 
     from hpc_train.runtime.supervisor import supervise
 
-    bindir = tmp_path / "bin"
+    bindir = tmp_path / f"bin{requeue}"
     bindir.mkdir(parents=True)
     srun = bindir / "srun"
     srun.write_text(f"#!{sys.executable}\n{FAKE_SRUN}")
@@ -319,8 +344,9 @@ def supervised(tmp_path: Path, plan: list[dict[str, object]], **cluster: object)
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "PYTHONPATH": os.pathsep.join(sys.path),
         "FAKE_SRUN_DIR": str(bindir),
-        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_JOB_NODELIST": allocation,
         "SLURM_JOB_ID": "9",
+        "SLURM_RESTART_COUNT": str(requeue),
     }
     code = supervise(rd, environ)
     calls_file = bindir / "calls.jsonl"
@@ -346,6 +372,48 @@ def kill_on(host: str, rank: int, progress: dict[str, object] | None = None) -> 
     if progress is not None:
         plan["progress"] = progress
     return plan
+
+
+def test_a_job_that_asks_for_a_range_trains_on_what_it_got_and_records_each_change(tmp_path: Path) -> None:
+    """cluster.min_nodes=2 of 4: given 2 nodes it trains on 2 (the ranks told so), is requeued, comes back on 4
+    and trains on 4; every change of the node count is in reshapes.json, the goodput ledger and jobs status."""
+    from hpc_train.launch.state import job_state
+
+    stopped = {"state": "stopped", "step": 35, "signal": 12, "requeued": "9"}
+    two = {"statuses": {"0": {**stopped, "host": "node1"}, "1": {**stopped, "host": "node2"}}, "progress": STEPPED}
+    four = {"statuses": {str(r): {**DONE, "host": f"node{r + 1}"} for r in range(4)}, "progress": STEPPED}
+    wide = {"nodes": 4, "min_nodes": 2, "spare_nodes": 0, "signal": "USR2"}
+    code, rd, calls = supervised(tmp_path, [two], "node[1-2]", **wide)
+    assert code == 0 and [nodelist(c) for c in calls] == ["node1,node2"]
+    assert (tmp_path / "bin0" / "nodes_told.txt").read_text() == "2\n"  # the ranks keep the global batch of 4
+    code, rd, calls = supervised(tmp_path, [four], "node[1-4]", requeue=1, **wide)
+    assert code == 0 and [nodelist(c) for c in calls] == ["node1,node2,node3,node4"]
+    assert (tmp_path / "bin1" / "nodes_told.txt").read_text() == "-\n"
+    assert [(a["nodes"], a["ranks"]) for a in rd.read_attempts()] == [
+        (["node1", "node2"], 2),
+        (["node1", "node2", "node3", "node4"], 4),
+    ]
+    allocations = rd.allocation_records()
+    assert [(a.min_nodes, a.max_nodes, a.asked) for a in allocations] == [
+        (2, 4, "asked for 2-4 nodes, got 2"),
+        (2, 4, "asked for 2-4 nodes, got 4"),
+    ]
+    started, grew = rd.reshape_records()
+    assert started.was.startswith("4 nodes x 1 task (global batch") and started.onto.startswith("2 nodes x 1 task")
+    assert started.why == "attempt 0 in job 9, which asked for 2-4 nodes, got 2 (cluster.min_nodes=2)"
+    assert grew.was.startswith("2 nodes x 1 task") and grew.onto.startswith("4 nodes x 1 task")
+    assert "which asked for 2-4 nodes, got 4" in grew.why
+    assert rd.read_goodput()["reshapes"] == [
+        {
+            "after_attempt": 0,
+            "in_allocation": False,
+            "nodes_before": 2,
+            "nodes_after": 4,
+            "ranks_before": 2,
+            "ranks_after": 4,
+        }
+    ]
+    assert "job 9 asked for 2-4 nodes, got 4" in job_state(rd, 4).detail
 
 
 def test_a_killed_rank_is_restarted_on_the_spare(tmp_path: Path) -> None:
