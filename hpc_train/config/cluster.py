@@ -156,6 +156,13 @@ class SlurmConfig(Checked):
                 "per-task binding gives each of tasks_per_node tasks one of gpus_per_node GPUs, so both must be equal and > 0",
                 "set cluster.gpus_per_node=N and cluster.tasks_per_node=N, or cluster.slurm.gpu_binding=node",
             )
+            self._require(
+                not cluster.asks_range,
+                "gpu_binding",
+                f"a job that asks for a node range (cluster.min_nodes={cluster.min_nodes} below cluster.nodes="
+                f"{cluster.nodes}) asks Slurm for whole nodes' GPUs, not one a task",
+                "use cluster.slurm.gpu_binding=node (each rank takes cuda:<local rank>), or drop cluster.min_nodes",
+            )
         self._require(
             not self.mem or is_mem_size(self.mem),
             "mem",

@@ -52,6 +52,13 @@ def sbatch_flags(cluster: ClusterConfig, pack: int = 1) -> dict[str, str | None]
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
+    if cluster.asks_range:
+        # Slurm fixes a job's task count when it starts (nodes x --ntasks-per-node) and keeps it when the job is
+        # requeued, so a requeued range job would come back on no more nodes than it first got (measured on
+        # 22.05: scontrol update cannot clear it). A range job asks for each node's CPUs as one task's instead;
+        # the supervisor's srun gives each training step its tasks (--ntasks-per-node, --cpus-per-task).
+        del flags["ntasks-per-node"]
+        flags["cpus-per-task"] = str(cluster.tasks_per_node * cluster.cpus_per_task)
     if cluster.slurm.spare_nodes or cluster.asks_range:
         # A lost node must not end the allocation: the supervisor goes on with a spare, or on fewer nodes
         # (cluster.min_nodes). Otherwise Slurm's default stays (the job ends on a node failure, and is requeued

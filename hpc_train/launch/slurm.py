@@ -232,8 +232,7 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
     flags = dict(spec.flags)
     params: dict[str, Any] = {
         "nodes": cluster.allocated_nodes,
-        "ntasks_per_node": int(flags["ntasks-per-node"] or 1),  # a pack's: its members' tasks together
-        "cpus_per_task": cluster.cpus_per_task,
+        "cpus_per_task": int(flags.pop("cpus-per-task") or 1),  # a node range's: a node's CPUs (sbatch_flags)
         "time": int(flags.pop("time") or 1),
         "job_name": cluster.slurm.job_name,
         # submitit's script runs srun in the foreground with no trap: `scancel --signal=USR2 --full` would kill
@@ -246,8 +245,9 @@ def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log
         "use_srun": False,
         "array_parallelism": cluster.slurm.array_parallelism or spec.jobs,
     }
-    for key in ("ntasks-per-node", "cpus-per-task", "job-name"):
-        flags.pop(key)
+    if "ntasks-per-node" in flags:  # (not for a node range: sbatch_flags)
+        params["ntasks_per_node"] = int(flags.pop("ntasks-per-node") or 1)  # a pack's: its members' tasks together
+    flags.pop("job-name")
     # submitit takes nodes as a number (it counts the job's tasks with it): a range (cluster.min_nodes) goes
     # through additional_parameters, which submitit writes over its own --nodes line.
     if not cluster.asks_range:

@@ -46,7 +46,8 @@ class Recorded(Dataset):
         return self.x[i], self.y[i]
 
     def __getitems__(self, indices):
-        name = f"job{os.environ['SLURM_JOB_ID']}.rank{os.environ['SLURM_PROCID']}.txt"
+        job = f"{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_RESTART_COUNT', '0')}"  # a requeue: its own files
+        name = f"job{job}.rank{os.environ['SLURM_PROCID']}.txt"
         with (self.log_dir / name).open("a") as f:
             f.write(" ".join(map(str, indices)) + "\\n")
         time.sleep(self.delay_s)  # a slower step, so that a cancel lands in the middle of the run
@@ -54,12 +55,12 @@ class Recorded(Dataset):
 '''
 
 
-def job(log_dir: Path, nodes: int) -> list[str]:
+def job(log_dir: Path, nodes: int, tasks_per_node: int = 2, samples: int = SAMPLES, delay_s: float = 0.04) -> list[str]:
     return [
         "cluster=slurm",
         f"cluster.nodes={nodes}",
-        "cluster.tasks_per_node=2",
-        f"data.dataset={{_target_: elastic_data.Recorded, n: {SAMPLES}, log_dir: '{log_dir}', delay_s: 0.04}}",
+        f"cluster.tasks_per_node={tasks_per_node}",
+        f"data.dataset={{_target_: elastic_data.Recorded, n: {samples}, log_dir: '{log_dir}', delay_s: {delay_s}}}",
         "data.input_shape=[32]",
         "data.num_classes=4",
         "model.hidden_sizes=[64]",
@@ -86,17 +87,20 @@ def cancel_at(run_dir: Path, job_id: str, step: int) -> int:
     return int(stopped)
 
 
-def trained_samples(log_dir: Path, attempts: list[tuple[str, int, int, int]]) -> dict[int, list[int]]:
+def trained_samples(
+    log_dir: Path, attempts: list[tuple[str, int, int, int]], size: int = RANK_BATCH, restart: int = 0
+) -> dict[int, list[int]]:
     """Step -> the samples its global batch trained on, over every attempt (job id, first step, last step,
-    batches a step). A rank reads the batches of its steps in order; reads of another size (the DDP warm-up
-    batch of a resume) are not training, and a batch read after the last step (the stop) was not trained."""
+    batches a step; ``size`` samples a rank reads at once, in Slurm's ``restart`` of the job). A rank reads the
+    batches of its steps in order; reads of another size (the DDP warm-up batch of a resume) are not training,
+    and a batch read after the last step (the stop) was not trained."""
     steps: dict[int, list[int]] = {}
     for job_id, first, last, accumulate in attempts:
-        files = sorted(log_dir.glob(f"job{job_id}.rank*.txt"))
-        assert files, f"no samples recorded by job {job_id}"
+        files = sorted(log_dir.glob(f"job{job_id}.{restart}.rank*.txt"))
+        assert files, f"no samples recorded by job {job_id} (restart {restart})"
         for path in files:
             batches = [[int(i) for i in line.split()] for line in path.read_text().splitlines()]
-            batches = [b for b in batches if len(b) == RANK_BATCH][: (last - first) * accumulate]
+            batches = [b for b in batches if len(b) == size][: (last - first) * accumulate]
             assert len(batches) == (last - first) * accumulate, f"{path}: {len(batches)} batches"
             for k, batch in enumerate(batches):
                 steps.setdefault(first + 1 + k // accumulate, []).extend(batch)

@@ -180,6 +180,12 @@ def test_without_a_spare_the_job_goes_on_with_fewer_nodes_down_to_min_nodes() ->
 
 def test_min_nodes_asks_slurm_for_a_range_with_the_spares_on_top() -> None:
     assert sbatch_flags(slurm(nodes=4, min_nodes=2))["nodes"] == "2-4"
+    # A node's CPUs as one task's: Slurm keeps a started job's task count when it is requeued, and with
+    # --ntasks-per-node that count would hold the job to the nodes it first got.
+    ranged = sbatch_flags(slurm(nodes=4, min_nodes=2, tasks_per_node=3, cpus_per_task=2))
+    assert "ntasks-per-node" not in ranged and ranged["cpus-per-task"] == "6"
+    fixed = sbatch_flags(slurm(nodes=4, tasks_per_node=3, cpus_per_task=2))
+    assert (fixed["ntasks-per-node"], fixed["cpus-per-task"]) == ("3", "2")
     assert sbatch_flags(slurm(nodes=4, min_nodes=2, spare_nodes=1))["nodes"] == "2-5"
     assert sbatch_flags(slurm(nodes=4, min_nodes=4, spare_nodes=1))["nodes"] == "5"
     assert sbatch_flags(slurm(nodes=4))["nodes"] == "4"
@@ -206,6 +212,8 @@ def test_min_nodes_is_checked_before_anything_is_submitted() -> None:
     )
     with pytest.raises(ConfigError, match=r"cluster.min_nodes=4 is invalid: must be a whole number from 1 to 3"):
         compose_config(*three, "cluster.min_nodes=4")
+    with pytest.raises(ConfigError, match=r"gpu_binding.*node range.*HINT: use cluster.slurm.gpu_binding=node"):
+        slurm(nodes=3, min_nodes=2, gpus_per_node=2, tasks_per_node=2, gpu_binding="task")
     with pytest.raises(ConfigError, match=r"does not split over 2 ranks .* HINT: remove cluster.min_nodes"):
         compose_config(*three, "cluster.min_nodes=2", "trainer.batch_size=33")
     with pytest.raises(ConfigError, match=r"a script's batch size and data order are its own"):
