@@ -20,6 +20,7 @@ __all__ = [
     "HOSTLIST_KEYS",
     "LAUNCHERS",
     "MANAGED_SBATCH_FLAGS",
+    "SHAPE_CHOICES",
     "SLURM_ONLY",
     "STOP_SIGNALS",
     "SUBMIT_MODES",
@@ -42,6 +43,8 @@ LAUNCHERS = ("local", "debug", "slurm")
 HOSTLIST_KEYS = ("exclude",)
 """ClusterConfig keys that hold a Slurm hostlist (checked with the same parser rank resolution uses)."""
 SUBMIT_MODES = ("submitit", "sbatch", "here")
+SHAPE_CHOICES = ("range", "earliest_finish")
+"""cluster.slurm.shape: how a job that may train on a node range is submitted."""
 GPU_BINDINGS = ("node", "task")
 # sbatch flags hpc_train sets itself from the keys named here (or refuses: ntasks, gres, error, wrap);
 # cluster.slurm.sbatch_args may not set them. tests/unit/test_sbatch.py checks that every flag the renderer writes
@@ -138,6 +141,13 @@ class SlurmConfig(Checked):
     many times per allocation (0: a failure ends the job; a requeued job counts afresh)."""
     max_stalled_failures: int = 1
     """Failed attempts in a row that may end without a new checkpoint; one more and the job gives up."""
+    shape: str = "range"
+    """For a job that asks for a node range (``cluster.min_nodes``): range submits the range and starts on what is
+    free; earliest_finish submits the one node count that would finish first, by Slurm's start estimates and the
+    run's step times (``hpc_train.launch.shapes``). Both print the table of counts, starts and finishes."""
+    scaling: str = ""
+    """A scaling study's table (the scaling.json of ``python -m hpc_train.scaling``) whose strong-scaling
+    samples/s give the step time of node counts this run has not measured ('' = none)."""
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()  # on every launcher: a value may reach a script or a command anyway
@@ -147,6 +157,14 @@ class SlurmConfig(Checked):
         them against the rest of ``cluster``."""
         self._one_of("submit", SUBMIT_MODES)
         self._one_of("gpu_binding", GPU_BINDINGS)
+        self._one_of("shape", SHAPE_CHOICES)
+        self._require(
+            self.shape == "range" or cluster.asks_range,
+            "shape",
+            f"{self.shape} picks one node count of a range, but the job asks for a fixed {cluster.nodes} nodes "
+            "(cluster.min_nodes is not below cluster.nodes)",
+            f"set cluster.min_nodes below cluster.nodes={cluster.nodes}, or cluster.slurm.shape=range",
+        )
         for key in HOSTLIST_KEYS:
             self._check_hostlist(key)
         if self.gpu_binding == "task":

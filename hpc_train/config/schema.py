@@ -131,6 +131,8 @@ RESUME_SAFE_KEYS = (
     "cluster.min_nodes",
     "cluster.slurm.max_failures",
     "cluster.slurm.max_stalled_failures",
+    "cluster.slurm.shape",
+    "cluster.slurm.scaling",
 )
 """Keys a resubmission of a run dir may change: they do not change what has been trained so far (how long to
 go on, how often to log and save, where and how the job is queued). Every other key is fixed by the run's

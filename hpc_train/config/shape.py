@@ -10,11 +10,24 @@ from typing import Any
 from hpc_train.config.schema import Config
 from hpc_train.core.errors import ConfigError
 
-__all__ = ["NODES_VARIABLE", "SHAPE_KEYS", "Shape", "fits_on", "on_nodes", "same_global_batch", "split_global_batch"]
+__all__ = [
+    "ASKED_VARIABLE",
+    "NODES_VARIABLE",
+    "SHAPE_KEYS",
+    "Shape",
+    "fits_on",
+    "on_nodes",
+    "same_global_batch",
+    "split_global_batch",
+]
 
 NODES_VARIABLE = "HPC_TRAIN_NODES"
 """Set by the Slurm supervisor on an attempt it runs on fewer nodes than ``cluster.nodes`` (after losing one,
 down to ``cluster.min_nodes``): the ranks read the config ``on_nodes`` that many."""
+
+ASKED_VARIABLE = "HPC_TRAIN_ASKED"
+"""Set by the Slurm supervisor for a job that asked for a node range: 'asked for 2-8 nodes, got 4', which rank 0
+puts in the rank table's heading."""
 
 SHAPE_KEYS = ("cluster.nodes", "cluster.tasks_per_node", "trainer.batch_size", "trainer.accumulate_grad_batches")
 """Keys a resubmission may change together, as long as the global batch stays what the run was trained with."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress
 
-__all__ = ["ledger", "pack_ledger"]
+__all__ = ["ledger", "pack_ledger", "step_seconds"]
 
 
 def _float(value: float | None) -> float | None:
@@ -91,6 +91,12 @@ class _Steps:
         if step >= self.step:
             return self.time
         return self.first_time + (step - self.first_step) * self.step_s
+
+
+def step_seconds(progress: Progress | None) -> float | None:
+    """The mean time of one step of an attempt (None before it made two)."""
+    steps = _Steps.of(progress)
+    return steps.step_s if steps is not None and steps.step > steps.first_step else None
 
 
 def _kept(steps: _Steps | None, attempt: AttemptRecord, after: AttemptRecord | None) -> float | None:

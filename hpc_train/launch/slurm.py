@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from hpc_train.launch.sbatch import (
     render_sbatch,
     setup_lines,
 )
+from hpc_train.launch.shapes import format_shape_table, shape_table
 from hpc_train.launch.state import job_state
 
 __all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
@@ -115,6 +117,8 @@ def _submit(
     if facts is not None:
         check_request(cfg.cluster, facts)
         check_pack(cfg.cluster, facts, spec.pack)
+    if cfg.cluster.asks_range:
+        spec = _choose_shape(cfg, run_dirs[0], spec)
     # One job's script is in its run dir; an array's, with Slurm's output files, in the sweep's log folder.
     script = run_dirs[0].sbatch_script if len(run_dirs) == 1 else log_dir / run_dirs[0].sbatch_script.name
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
@@ -152,6 +156,7 @@ def _submit(
                 "script": str(script),
                 "slurm_output": outputs[element],
                 "world_size": cfg.cluster.world_size,
+                "nodes": spec.flags["nodes"],  # what the job asked Slurm for: a count, or a range
                 "overrides": list(overrides[i]) if overrides else [],
                 "submitted": time.time(),
             }
@@ -160,6 +165,19 @@ def _submit(
                 record["pack"] = {"index": i % spec.pack, "members": [str(m.path.resolve()) for m in members]}
             rd.write_job_record(record)
     return job_ids
+
+
+def _choose_shape(cfg: Config, run_dir: RunDir, spec: JobSpec) -> JobSpec:
+    """Print when each node count of the range would start and finish (``launch.shapes``); the spec to submit:
+    the range, or with cluster.slurm.shape=earliest_finish the count that finishes first (spares on top)."""
+    cluster = cfg.cluster
+    table = shape_table(cfg, run_dir, spec)
+    asked = f"asking for {cluster.nodes_request} nodes"
+    print(format_shape_table(table, asked, cluster.slurm.shape), flush=True)
+    best = table.earliest
+    if cluster.slurm.shape != "earliest_finish" or best is None:
+        return spec
+    return replace(spec, flags={**spec.flags, "nodes": str(best.nodes + cluster.slurm.spare_nodes)})
 
 
 def _print_dry_run(cfg: Config, text: str, script: Path) -> None:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.config import load_config
-from hpc_train.config.shape import NODES_VARIABLE, Shape, fits_on, on_nodes
+from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, Shape, fits_on, on_nodes
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
@@ -84,13 +84,24 @@ class Supervisor:
         hangup = [signal.SIGHUP] if interactive else []  # the terminal that runs it closed
         self.signals = StopSignals([signal_number(self.cluster.signal), signal.SIGTERM, signal.SIGINT, *hangup])
         self.python = self.cluster.slurm.python or sys.executable
+        self.asked = self._asked()
+        """The node range the job asked Slurm for (None: a fixed count)."""
+
+    def _asked(self) -> tuple[int, int] | None:
+        """The job record's --nodes (cluster.slurm.shape=earliest_finish may have asked for one count of the
+        range), else the config's range; None for a job of a fixed count."""
+        if not self.cluster.asks_range:
+            return None
+        low, _, high = str(self.rd.read_job_record().get("nodes", "")).partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            return int(low), int(high or low)
+        return self.cluster.fewest_nodes, self.cluster.allocated_nodes
 
     def run(self) -> int:
         self.signals.install()
-        asked = (self.cluster.fewest_nodes, self.cluster.allocated_nodes) if self.cluster.asks_range else None
-        self.ledger.begin(asked)
-        if asked is not None:
-            say(f"{asked_for(*asked, len(self.allocation))} ({','.join(self.allocation)})", sys.stdout)
+        self.ledger.begin(self.asked)
+        if self.asked is not None:
+            say(f"{asked_for(*self.asked, len(self.allocation))} ({','.join(self.allocation)})", sys.stdout)
         # The tracker runs, if the submission could not create them (a sweep's elements, an unreachable server):
         # before the first attempt, so that a script's ranks get their ids.
         ensure_runs(self.rd, self.cfg)
@@ -202,14 +213,15 @@ class Supervisor:
                     f"attempt {number} in job {job} without {','.join(lost)}, no spare "
                     f"left (cluster.min_nodes={self.cluster.min_nodes})"
                 )
-            elif self.cluster.asks_range:
-                asked = asked_for(self.cluster.fewest_nodes, self.cluster.allocated_nodes, len(self.allocation))
+            elif self.asked is not None:
+                asked = asked_for(*self.asked, len(self.allocation))
                 why = f"attempt {number} in job {job}, which {asked} (cluster.min_nodes={self.cluster.min_nodes})"
             else:
                 why = f"attempt {number} in job {job}, on the {self.cluster.allocated_nodes} nodes it asked for"
             say(f"training on {len(nodes)} of {self.cluster.nodes} nodes: {onto}, was {was}; {why}")
             self.rd.append_reshape(Reshape(was=was, onto=onto, time=time.time(), why=why))
-        return {} if len(nodes) == self.cluster.nodes else {NODES_VARIABLE: str(len(nodes))}
+        told = {} if self.asked is None else {ASKED_VARIABLE: asked_for(*self.asked, len(self.allocation))}
+        return told if len(nodes) == self.cluster.nodes else {**told, NODES_VARIABLE: str(len(nodes))}
 
     def _nodes_before(self, number: int) -> int:
         """The node count of the attempt before attempt ``number``, unless the run was resubmitted on another

@@ -23,7 +23,7 @@ from hpc_train.config import Config
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
-from hpc_train.core.textutil import asked_for, plural
+from hpc_train.core.textutil import plural
 from hpc_train.distributed import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, FaultObserver, armed_fault
 from hpc_train.runtime.logs import setup_logging
@@ -69,10 +69,10 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
-    from hpc_train.config.shape import NODES_VARIABLE, on_nodes
+    from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, on_nodes
 
     cfg = load_config(rd.config)
-    asked = _asked(cfg, os.environ.get("SLURM_JOB_NUM_NODES", ""))
+    asked = os.environ.get(ASKED_VARIABLE, "")
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
@@ -103,13 +103,6 @@ def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) ->
     if fit.completed:
         return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak, note=fit.note)
     return after_stop(rd, env, cfg, job, fit)
-
-
-def _asked(cfg: Config, allocated: str) -> str:
-    """'asked for 2-8 nodes, got 4' for a Slurm job that asked for a node range ('' otherwise)."""
-    if not cfg.cluster.asks_range or not allocated.isdigit():
-        return ""
-    return asked_for(cfg.cluster.fewest_nodes, cfg.cluster.allocated_nodes, int(allocated))
 
 
 def _train(

@@ -8,6 +8,7 @@ them on, and ends within the elastic tolerance of that job.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -74,6 +75,18 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
         while squeue(holder_id)[0] != "RUNNING":
             assert time.monotonic() < deadline, "the job that holds node3 did not start"
             time.sleep(0.2)
+        # Before submitting: Slurm's start for each count (node3 is held for 10 minutes), and no step time yet.
+        dry = cli(
+            "hpc_train", *three, *RANGE, "cluster.slurm.dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}", cwd=tmp_path
+        )
+        assert dry.returncode == 0, dry.stderr[-2000:]
+        table = dry.stdout.splitlines()
+        assert table[0].startswith("hpc_train: asking for 2-3 nodes: when each node count would start") and (
+            f"({STEPS} steps left; start-up not measured yet)" in table[0]
+        ), dry.stdout
+        assert re.fullmatch(r"2 +\S+ \S+ \(now\) +\? +\?", table[2]), table[2]
+        assert re.fullmatch(r"3 +\S+ \S+ \(in (9|10) min\) +\? +\?", table[3]), table[3]
+        assert "no finish time estimated: no step time is measured" in table[4]
         run_dir = tmp_path / "run"
         job_id = submit_job(run_dir, *three, *RANGE)
         assert "#SBATCH --nodes=2-3" in (run_dir / "submitit" / f"{job_id}_submission.sh").read_text()
@@ -139,3 +152,12 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
     difference = max((final[k] - ref[k]).abs().max().item() for k in ref)
     print(f"2 -> 2 -> 3 nodes on Slurm: max |weight difference| from the uninterrupted 3-node job {difference:.2e}")
     assert difference < 1e-6
+
+    # Training on: both counts start now, each at the step time this run measured on it; 3 finishes first, and
+    # cluster.slurm.shape=earliest_finish asks for that count.
+    more = [*three, *RANGE, f"trainer.max_steps={2 * STEPS}", "cluster.slurm.shape=earliest_finish"]
+    dry = cli("hpc_train", *more, "cluster.slurm.dry_run=true", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert f"({STEPS} steps left; start-up " in dry.stdout and "s (measured)" in dry.stdout, dry.stdout
+    assert "earliest_finish: submitting 3 nodes, the first to finish" in dry.stdout, dry.stdout
+    assert "#SBATCH --nodes=3\n" in dry.stdout
