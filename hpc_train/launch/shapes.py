@@ -18,45 +18,26 @@ Where Slurm gives no estimate (no sbatch here) or nothing was measured, the tabl
 
 from __future__ import annotations
 
-import json
-import math
-import re
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from hpc_train.config import Config
-from hpc_train.config.shape import Shape, fits_on
-from hpc_train.core.errors import ConfigError
-from hpc_train.core.goodput import step_seconds
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import format_table, plural
-from hpc_train.launch.sbatch import JobSpec, render_sbatch
+from hpc_train.runtime.estimates import (
+    candidate_counts,
+    measured_startup_s,
+    measured_step_seconds,
+    slurm_start_estimate,
+    step_time,
+    steps_left,
+    study_step_seconds,
+)
 
-__all__ = [
-    "ShapeRow",
-    "ShapeTable",
-    "candidate_counts",
-    "format_shape_table",
-    "measured_startup_s",
-    "measured_step_seconds",
-    "shape_table",
-    "slurm_start",
-    "step_time",
-    "steps_left",
-    "study_step_seconds",
-]
-
-MAX_CANDIDATES = 8
-"""Node counts asked about at most (one ``sbatch --test-only`` each): the fewest, the most, and counts spread
-between them."""
-TEST_ONLY_TIMEOUT_S = 30
-_STARTS = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+__all__ = ["ShapeRow", "ShapeTable", "format_shape_table", "shape_table"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,18 +70,8 @@ class ShapeTable:
         return min(done, key=lambda r: (r.finish, r.nodes)) if done else None
 
 
-def candidate_counts(cfg: Config) -> list[int]:
-    """The node counts of the range that the global batch splits over, at most MAX_CANDIDATES of them."""
-    cluster = cfg.cluster
-    counts = [n for n in range(cluster.fewest_nodes, cluster.nodes + 1) if fits_on(cfg, n)]
-    if len(counts) <= MAX_CANDIDATES:
-        return counts
-    picks = {counts[round(i * (len(counts) - 1) / (MAX_CANDIDATES - 1))] for i in range(MAX_CANDIDATES)}
-    return sorted(picks)
-
-
-def shape_table(cfg: Config, run_dir: RunDir, spec: JobSpec, now: float | None = None) -> ShapeTable:
-    """Slurm's start and the estimated finish of each candidate count for the job of ``spec``."""
+def shape_table(cfg: Config, run_dir: RunDir, script: Path, now: float | None = None) -> ShapeTable:
+    """Slurm's start and the estimated finish of each candidate count for the job of ``script``."""
     asked_at = time.time() if now is None else now
     measured = measured_step_seconds(run_dir)
     study = study_step_seconds(cfg)
@@ -108,7 +79,7 @@ def shape_table(cfg: Config, run_dir: RunDir, spec: JobSpec, now: float | None =
     left = steps_left(cfg, run_dir)
     rows = []
     for nodes in candidate_counts(cfg):
-        start, note = slurm_start(spec, nodes + cfg.cluster.slurm.spare_nodes)
+        start, note = slurm_start_estimate(script, f"--nodes={nodes + cfg.cluster.slurm.spare_nodes}")
         step_s, source = step_time(nodes, measured, study)
         finish = None
         if start is not None and step_s is not None and left is not None:
@@ -117,112 +88,6 @@ def shape_table(cfg: Config, run_dir: RunDir, spec: JobSpec, now: float | None =
             ShapeRow(nodes=nodes, start=start, start_note=note, step_s=step_s, step_source=source, finish=finish)
         )
     return ShapeTable(rows=tuple(rows), steps_left=left, startup_s=startup, asked_at=asked_at)
-
-
-# ---- Slurm's answer -----------------------------------------------------------------------------------------------
-
-
-def slurm_start(spec: JobSpec, nodes: int) -> tuple[float | None, str]:
-    """When Slurm would start the job of ``spec`` on ``nodes`` nodes (``sbatch --test-only``); None and why not."""
-    if shutil.which("sbatch") is None:
-        return None, "no sbatch here: Slurm gives no estimate"
-    one = replace(spec, flags={**spec.flags, "nodes": str(nodes)}, run_dirs=spec.run_dirs[:1], pack=1)
-    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", prefix="hpc_train_shape_") as script:
-        script.write(render_sbatch(one))
-        script.flush()
-        try:
-            proc = subprocess.run(
-                ["sbatch", "--test-only", script.name],
-                capture_output=True,
-                text=True,
-                timeout=TEST_ONLY_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return None, f"sbatch --test-only did not answer: {exc}"
-    answer = f"{proc.stdout}\n{proc.stderr}"
-    found = _STARTS.search(answer)
-    if proc.returncode != 0 or found is None:
-        words = " ".join(answer.split())[:160]
-        return None, f"Slurm refuses {plural(nodes, 'node')}: {words}" if proc.returncode else f"no start in {words!r}"
-    return datetime.fromisoformat(found.group(1)).timestamp(), ""
-
-
-# ---- the run's own figures ----------------------------------------------------------------------------------------
-
-
-def measured_step_seconds(run_dir: RunDir) -> dict[int, float]:
-    """Node count -> the step time of the latest attempt on that many nodes that made two steps or more."""
-    out: dict[int, float] = {}
-    for attempt in run_dir.attempt_records():
-        seconds = step_seconds(attempt.progress)
-        if seconds and attempt.nodes:
-            out[len(attempt.nodes)] = seconds
-    return out
-
-
-def measured_startup_s(run_dir: RunDir) -> float | None:
-    """The median start-up (an attempt's start to its first step) of the run's attempts, when any made a step."""
-    seconds = sorted(
-        a.progress.first_time - a.start
-        for a in run_dir.attempt_records()
-        if a.progress is not None and a.progress.first_time and a.start and a.progress.first_time > a.start
-    )
-    return seconds[len(seconds) // 2] if seconds else None
-
-
-def study_step_seconds(cfg: Config) -> dict[int, float]:
-    """Node count -> step time from ``cluster.slurm.scaling`` (a scaling study's strong-scaling samples/s at the
-    same number of ranks, for this run's global batch); {} without one. ConfigError for a file that is not one."""
-    path = cfg.cluster.slurm.scaling
-    if not path:
-        return {}
-    try:
-        points = json.loads(Path(path).expanduser().read_text())["points"]
-        rates = {
-            int(p["world_size"]): float(p["samples_per_s"])
-            for p in points
-            if p.get("mode", "strong") == "strong" and float(p["samples_per_s"]) > 0
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"cluster.slurm.scaling={path!r}: not a scaling study's table ({exc}). HINT: give the scaling.json that "
-            "`python -m hpc_train.scaling --out DIR` wrote, or drop cluster.slurm.scaling"
-        ) from None
-    per_node, batch = cfg.cluster.ranks_per_node, Shape.of(cfg).global_batch
-    return {world // per_node: batch / rate for world, rate in rates.items() if world % per_node == 0}
-
-
-def step_time(nodes: int, measured: dict[int, float], study: dict[int, float]) -> tuple[float | None, str]:
-    """The step time at ``nodes`` and where it comes from: this run dir, the study, or linear scaling from the
-    nearest count either has."""
-    if nodes in measured:
-        return measured[nodes], "measured"
-    if nodes in study:
-        return study[nodes], "scaling study"
-    known = {**study, **measured}
-    if not known:
-        return None, ""
-    base = min(known, key=lambda n: (abs(n - nodes), -n))
-    origin = "measured" if base in measured else "study"
-    return known[base] * base / nodes, f"linear from {base} ({origin})"
-
-
-def steps_left(cfg: Config, run_dir: RunDir) -> int | None:
-    """Steps from the run's newest kept step to its end; None when the end is not known before the data set is
-    built (a data set of the user's, and no trainer.max_steps)."""
-    tc = cfg.trainer
-    total = tc.max_steps or math.inf
-    if tc.epoch_limit:
-        if cfg.data.dataset is not None:
-            if not tc.max_steps:
-                return None
-        else:
-            total = min(total, tc.epoch_limit * (cfg.data.num_train // Shape.of(cfg).global_batch))
-    done = max(
-        (a.progress.checkpoint_step or 0 for a in run_dir.attempt_records() if a.progress is not None), default=0
-    )
-    return max(0, int(total) - done)
 
 
 # ---- the table ----------------------------------------------------------------------------------------------------

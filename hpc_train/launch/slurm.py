@@ -117,13 +117,16 @@ def _submit(
     if facts is not None:
         check_request(cfg.cluster, facts)
         check_pack(cfg.cluster, facts, spec.pack)
-    if cfg.cluster.asks_range:
-        spec = _choose_shape(cfg, run_dirs[0], spec)
     # One job's script is in its run dir; an array's, with Slurm's output files, in the sweep's log folder.
     script = run_dirs[0].sbatch_script if len(run_dirs) == 1 else log_dir / run_dirs[0].sbatch_script.name
     log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the folder of --output
     text = render_sbatch(spec)
     atomic_write(script, lambda f: f.write(text.encode()))
+    if cfg.cluster.asks_range:
+        chosen = _choose_shape(cfg, run_dirs[0], spec, script)
+        if chosen is not spec:
+            spec, text = chosen, render_sbatch(chosen)
+            atomic_write(script, lambda f: f.write(text.encode()))
     if cfg.cluster.slurm.dry_run:
         checked = _test_only(script)
         _print_dry_run(cfg, text, script)
@@ -167,11 +170,12 @@ def _submit(
     return job_ids
 
 
-def _choose_shape(cfg: Config, run_dir: RunDir, spec: JobSpec) -> JobSpec:
-    """Print when each node count of the range would start and finish (``launch.shapes``); the spec to submit:
-    the range, or with cluster.slurm.shape=earliest_finish the count that finishes first (spares on top)."""
+def _choose_shape(cfg: Config, run_dir: RunDir, spec: JobSpec, script: Path) -> JobSpec:
+    """Print when each node count of the range would start and finish (``launch.shapes``: Slurm is asked about
+    the job of ``script``); the spec to submit: the range, or with cluster.slurm.shape=earliest_finish the count
+    that finishes first (spares on top)."""
     cluster = cfg.cluster
-    table = shape_table(cfg, run_dir, spec)
+    table = shape_table(cfg, run_dir, script)
     asked = f"asking for {cluster.nodes_request} nodes"
     print(format_shape_table(table, asked, cluster.slurm.shape), flush=True)
     best = table.earliest

@@ -16,14 +16,11 @@ import pytest
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.records import AttemptRecord
 from hpc_train.core.rundir import RunDir
-from hpc_train.launch.sbatch import job_spec
-from hpc_train.launch.shapes import (
-    ShapeRow,
-    ShapeTable,
+from hpc_train.launch.sbatch import job_spec, render_sbatch
+from hpc_train.launch.shapes import ShapeRow, ShapeTable, format_shape_table, shape_table
+from hpc_train.runtime.estimates import (
     candidate_counts,
-    format_shape_table,
-    shape_table,
-    slurm_start,
+    slurm_start_estimate,
     step_time,
     steps_left,
     study_step_seconds,
@@ -90,7 +87,8 @@ def test_steps_left_count_from_the_newest_checkpoint(tmp_path: Path) -> None:
 
 SBATCH = """\
 import re, sys
-text = open(sys.argv[-1]).read()
+given = [a for a in sys.argv[1:-1] if a.startswith("--nodes=")]  # the command line wins over the script's
+text = given[-1] if given else open(sys.argv[-1]).read()
 nodes = int(re.search(r"--nodes=(\\d+)", text).group(1))
 if nodes > 6:
     print("sbatch: error: Batch job submission failed: Node count specification invalid", file=sys.stderr)
@@ -114,11 +112,12 @@ def test_slurm_is_asked_for_each_count_and_the_table_says_which_finishes_first(
     fake_sbatch(tmp_path, monkeypatch)
     cfg = compose_config(*RANGE, "trainer.batch_size=32", "trainer.max_steps=36000", "trainer.max_epochs=0")
     rd = RunDir(tmp_path / "run")
-    spec = job_spec(cfg.cluster, [rd.path], rd.path / "logs")
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job_spec(cfg.cluster, [rd.path], rd.path / "logs")))
     soon = datetime.fromisoformat("2031-05-04T10:00:00").timestamp()
-    assert slurm_start(spec, 2) == (soon, "")
-    start, why = slurm_start(spec, 8)
-    assert start is None and "Slurm refuses 8 nodes: sbatch: error: Batch job submission failed" in why
+    assert slurm_start_estimate(script, "--nodes=2") == (soon, "")
+    start, why = slurm_start_estimate(script, "--nodes=8")
+    assert start is None and "Slurm refuses --nodes=8: sbatch: error: Batch job submission failed" in why
 
     rd.status_dir.mkdir(parents=True)
     two = {"first_step": 1, "first_time": 100.0, "step": 101, "time": 200.0}  # 1 s a step on 2 nodes
@@ -129,7 +128,7 @@ def test_slurm_is_asked_for_each_count_and_the_table_says_which_finishes_first(
             )
         ]
     )
-    table = shape_table(cfg, rd, spec, now=soon - 600)
+    table = shape_table(cfg, rd, script, now=soon - 600)
     assert [r.nodes for r in table.rows] == [2, 4, 8] and table.steps_left == 36000 and table.startup_s == 10.0
     by = {r.nodes: r for r in table.rows}
     assert by[2].finish == soon + 10 + 36000 * 1.0
@@ -137,7 +136,7 @@ def test_slurm_is_asked_for_each_count_and_the_table_says_which_finishes_first(
     assert by[4].finish == soon + 3600 + 10 + 18000  # an hour later, but half the step time: first to finish
     assert by[8].finish is None and table.earliest is not None and table.earliest.nodes == 4
     text = format_shape_table(table, "asking for 2-8 nodes", "earliest_finish")
-    assert "2031-05-04 11:00:00 (in 70 min)" in text and "? (Slurm refuses 8 nodes" in text
+    assert "2031-05-04 11:00:00 (in 70 min)" in text and "? (Slurm refuses --nodes=8" in text
     assert text.endswith("cluster.slurm.shape=earliest_finish: submitting 4 nodes, the first to finish.")
 
 
