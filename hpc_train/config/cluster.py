@@ -145,6 +145,11 @@ class SlurmConfig(Checked):
     """For a job that asks for a node range (``cluster.min_nodes``): range submits the range and starts on what is
     free; earliest_finish submits the one node count that would finish first, by Slurm's start estimates and the
     run's step times (``hpc_train.launch.shapes``). Both print the table of counts, starts and finishes."""
+    grow_every_min: float = 10.0
+    """A job that asked for a node range and runs on fewer than ``cluster.nodes`` checks this often whether more
+    nodes would start at once; when they would and the work left is worth a checkpoint, a requeue and a
+    start-up (estimated from the run's own figures, and printed), it checkpoints and requeues itself to come
+    back larger (``runtime.grow``). 0 turns it off."""
     scaling: str = ""
     """A scaling study's table (the scaling.json of ``python -m hpc_train.scaling``) whose strong-scaling
     samples/s give the step time of node counts this run has not measured ('' = none)."""
@@ -158,6 +163,7 @@ class SlurmConfig(Checked):
         self._one_of("submit", SUBMIT_MODES)
         self._one_of("gpu_binding", GPU_BINDINGS)
         self._one_of("shape", SHAPE_CHOICES)
+        self._bounded("grow_every_min", 0.0, YEAR_MIN, 10, why="365 days; 0 turns growing off")
         self._require(
             self.shape == "range" or cluster.asks_range,
             "shape",

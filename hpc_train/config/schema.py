@@ -133,6 +133,7 @@ RESUME_SAFE_KEYS = (
     "cluster.slurm.max_stalled_failures",
     "cluster.slurm.shape",
     "cluster.slurm.scaling",
+    "cluster.slurm.grow_every_min",
 )
 """Keys a resubmission of a run dir may change: they do not change what has been trained so far (how long to
 go on, how often to log and save, where and how the job is queued). Every other key is fixed by the run's

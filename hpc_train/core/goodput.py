@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, Progress
 
 __all__ = ["ledger", "pack_ledger", "step_seconds"]
 
@@ -93,6 +93,20 @@ class _Steps:
         return self.first_time + (step - self.first_step) * self.step_s
 
 
+def _grown(growth: Growth, attempts: Sequence[AttemptRecord]) -> dict[str, Any]:
+    """A growth as it came out: the first attempt after the decision, its node count and first step."""
+    after = next((a for a in attempts if (a.start or 0.0) > growth.time), None)
+    first = after.progress.first_time if after is not None and after.progress is not None else None
+    return {
+        "time": growth.time,
+        "nodes_before": growth.nodes_before,
+        "nodes_expected": growth.nodes_expected,
+        "nodes_after": len(after.nodes) if after is not None else None,
+        "estimated_cost_s": growth.cost_s,
+        "cost_s": round(first - growth.time, 3) if first else None,
+    }
+
+
 def step_seconds(progress: Progress | None) -> float | None:
     """The mean time of one step of an attempt (None before it made two)."""
     steps = _Steps.of(progress)
@@ -117,9 +131,13 @@ def _until(end: float | None, now: float) -> float:
 
 
 def ledger(
-    allocations: Sequence[Allocation], attempts: Sequence[AttemptRecord], now: float | None = None
+    allocations: Sequence[Allocation],
+    attempts: Sequence[AttemptRecord],
+    now: float | None = None,
+    growths: Sequence[Growth] = (),
 ) -> dict[str, Any]:
-    """The ledger of a run (what ``status/goodput.json`` holds)."""
+    """The ledger of a run (what ``status/goodput.json`` holds); ``growths``: its stops to come back on more
+    nodes, whose cost is a category of its own (``growth_s``)."""
     now = time.time() if now is None else now
     wall = sum(max(0.0, _until(a.end, now) - a.start) for a in allocations)
     rows: list[dict[str, Any]] = []
@@ -179,6 +197,7 @@ def ledger(
         for before, after in itertools.pairwise(attempts)
         if before.ranks and after.ranks and before.ranks != after.ranks
     ]
+    grown = [_grown(g, attempts) for g in growths]
     productive = sum(r["productive_s"] for r in rows)
     startup = sum(r["startup_s"] for r in rows)
     redone = sum(r["redone_s"] for r in rows)
@@ -198,6 +217,10 @@ def ledger(
         # Every change of the rank count from one attempt to the next: nodes lost (cluster.min_nodes), or a job
         # that asks for a node range given another count after a requeue.
         "reshapes": reshapes,
+        # Each stop to come back on more nodes (cluster.slurm.grow_every_min): from the decision to the first step on
+        # the nodes the requeued job got. Its parts are counted above too (the stop, the queue, the start-up).
+        "growths": grown,
+        "growth_s": round(sum(g["cost_s"] for g in grown if g["cost_s"] is not None), 3),
         "per_attempt": rows,
         "updated": now,
     }

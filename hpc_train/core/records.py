@@ -12,6 +12,7 @@ damaged record and says what was not: that is what ``jobs status`` lists under "
     status/allocations.json    [Allocation]
     status/restarts.json       [RequeueEntry]
     status/bad_nodes.json      [BadNode]
+    status/growths.json        [Growth]
     status/trackers.json       [TrackerRun]
 
 ``RunDir`` (``hpc_train.core.rundir``) reads and writes them.
@@ -37,6 +38,7 @@ __all__ = [
     "AttemptRecord",
     "BadNode",
     "Failure",
+    "Growth",
     "Progress",
     "RankState",
     "RankStatus",
@@ -450,6 +452,44 @@ class Reshape(_Record):
         "onto": _Key("is not a string", _string, required=True),
         "time": _TIME,
         "why": _Key("is not a string", _string),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Growth(_Record):
+    """A job on fewer nodes than cluster.nodes that stopped to come back on more, because more would start at once
+    and the work left was worth the cost (``status/growths.json``; ``runtime.grow``): the decision and its
+    estimate. The goodput ledger measures what it really cost."""
+
+    time: float
+    """When the supervisor decided (and signalled the ranks to checkpoint)."""
+    job_id: str = ""
+    attempt: int | None = None
+    step: int | None = None
+    """Rank 0's step at the decision."""
+    nodes_before: int
+    nodes_expected: int
+    """The count that would have started at once (the requeued job asks for the range again)."""
+    steps_left: int | None = None
+    step_s_before: float | None = None
+    step_s_after: float | None = None
+    cost_s: float | None = None
+    """Estimated: the stop's checkpoint, the requeue's gap and a start-up."""
+    gain_s: float | None = None
+    """Estimated: the steps left, each that much faster."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "time": _Key("is not a time stamp", _number, required=True),
+        "job_id": _Key("is not a job id", _string),
+        "attempt": _Key("is not an attempt number", _or_none(_integer)),
+        "step": _STEP,
+        "nodes_before": _Key("is not a node count", _integer, required=True),
+        "nodes_expected": _Key("is not a node count", _integer, required=True),
+        "steps_left": _STEP,
+        "step_s_before": _SECONDS,
+        "step_s_after": _SECONDS,
+        "cost_s": _SECONDS,
+        "gain_s": _SECONDS,
     }
 
 

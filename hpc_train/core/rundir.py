@@ -17,7 +17,9 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned;
                                and a copy of trackers.json, made at each checkpoint
     status/restarts.json       one entry per attempt that stopped on a signal
-    status/reshapes.json       one entry per resubmission on another shape (nodes x tasks), from what onto what
+    status/reshapes.json       one entry per change of shape (nodes x tasks): a resubmission, a node lost, a range job
+                               given another count
+    status/growths.json        one entry per stop to come back on more nodes (cluster.slurm.grow_every_min)
     status/attempts.json       one entry per training step the supervisor ran: nodes, times, outcome, failure class
                                (each record's keys and types: hpc_train.core.records)
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
@@ -53,6 +55,7 @@ from hpc_train.core.records import (
     Allocation,
     AttemptRecord,
     BadNode,
+    Growth,
     Progress,
     RankState,
     RankStatus,
@@ -83,7 +86,7 @@ BATCH_EXIT = "status/batch_exit.json"
 _CHECKPOINT_GLOB = "step_*.pt"
 
 
-_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun)
+_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth)
 
 
 def _read_list(path: Path) -> list[dict[str, Any]]:
@@ -400,6 +403,17 @@ class RunDir:
 
     def append_reshape(self, entry: Reshape) -> None:
         write_json_atomic(self.reshapes, [e.to_json() for e in [*self.reshape_records(), entry]])
+
+    @property
+    def growths(self) -> Path:
+        """One entry per stop to come back on more nodes (``runtime.grow``)."""
+        return self.status_dir / "growths.json"
+
+    def growth_records(self) -> list[Growth]:
+        return _checked_list(self.growths, Growth, "growths")[0]
+
+    def append_growth(self, entry: Growth) -> None:
+        write_json_atomic(self.growths, [e.to_json() for e in [*self.growth_records(), entry]])
 
     @property
     def restarts(self) -> Path:

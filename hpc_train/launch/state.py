@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, RequeueEntry, Reshape
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, RequeueEntry, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -193,7 +193,7 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
 
     notes = [attempts_note(attempts)] if attempts else []
     notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
-    asked = asked_note(run_dir.allocation_records(), job_id)
+    asked = asked_note(run_dir.allocation_records(), job_id) + growths_note(run_dir.growth_records())
     notes += asked
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         retried = notes if len(attempts) > 1 else asked
@@ -244,6 +244,18 @@ def asked_note(allocations: list[Allocation], job_id: str) -> list[str]:
     if last is None or not last.asked or (job_id and last.job_id != job_id):  # (a job submitted since: not yet)
         return []
     return [f"job {last.job_id} {last.asked}"]
+
+
+def growths_note(growths: list[Growth]) -> list[str]:
+    """The last stop to come back on more nodes (cluster.slurm.grow_every_min), with how many there were."""
+    if not growths:
+        return []
+    last = growths[-1]
+    times = f" (the last of {len(growths)})" if len(growths) > 1 else ""
+    return [
+        f"stopped to grow from {last.nodes_before} to {last.nodes_expected} nodes at step {last.step}{times}: "
+        f"estimated gain {last.gain_s or 0:.0f} s, cost {last.cost_s or 0:.0f} s"
+    ]
 
 
 def reshapes_note(history: list[Reshape]) -> list[str]:

@@ -115,4 +115,4 @@ class AttemptLedger:
         self.write_goodput()
 
     def write_goodput(self) -> None:
-        self.rd.write_goodput(ledger(self.allocations, self.attempts))
+        self.rd.write_goodput(ledger(self.allocations, self.attempts, growths=self.rd.growth_records()))

@@ -99,10 +99,12 @@ class SrunStep:
         started: Callable[[], bool],
         launch_s: float,
         cancelled: Callable[[], bool] = lambda: False,
+        tick: Callable[[], None] = lambda: None,
     ) -> int:
         """srun's exit status. After a stop signal srun gets ``grace_s`` before it is ended; when no rank has
         ``started()`` within ``launch_s`` (the step never launched), it is ended too. ``cancelled()`` (``jobs
-        cancel`` of a pack's member) counts as a stop signal: the step is passed ``forward_stop``."""
+        cancel`` of a pack's member) counts as a stop signal: the step is passed ``forward_stop``. ``tick()`` is
+        called about once a second while the step runs (the supervisor's growth check)."""
         began = time.monotonic()
         signalled_at: float | None = None
         launched = False
@@ -126,6 +128,8 @@ class SrunStep:
                 say(f"srun still runs {grace_s:.0f}s after signal {signals.received}; ending it")
                 code = self.end()
                 break
+            if signalled_at is None:
+                tick()
             launched = launched or started()
             if not launched and signalled_at is None and time.monotonic() - began > launch_s:
                 say(f"no rank of the step started within {launch_s:.0f}s; ending srun")

@@ -24,6 +24,7 @@ Every attempt is recorded in ``status/attempts.json`` and the goodput ledger in 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import signal
@@ -42,6 +43,7 @@ from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, Ran
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
 from hpc_train.runtime.failures import Failure, SrunReport, classify
+from hpc_train.runtime.grow import estimate, larger_count, requeue_gap_s
 from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
@@ -86,6 +88,8 @@ class Supervisor:
         self.python = self.cluster.slurm.python or sys.executable
         self.asked = self._asked()
         """The node range the job asked Slurm for (None: a fixed count)."""
+        self.grow_check_at = 0.0
+        """When the growth check runs next (time.monotonic); inf once the step was told to stop and grow."""
 
     def _asked(self) -> tuple[int, int] | None:
         """The job record's --nodes (cluster.slurm.shape=earliest_finish may have asked for one count of the
@@ -168,12 +172,14 @@ class Supervisor:
         step = SrunStep(argv, environ, forward_stop=self._forwarded(), hasty=self.interactive)
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
+            self.grow_check_at = time.monotonic() + self.cluster.slurm.grow_every_min * 60
             code = step.wait(
                 self.signals,
                 self.cluster.slurm.srun_wait_s + STOP_GRACE_S,
                 lambda: bool(self._statuses(number)),
                 launch_s,
                 self.rd.cancel_requested,
+                lambda: self._maybe_grow(step, number, nodes),
             )
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
@@ -236,6 +242,47 @@ class Supervisor:
         if any((r.time or 0.0) > ended for r in self.rd.reshape_records()):
             return self.cluster.nodes
         return last.ranks // ranks_per_node
+
+    def _maybe_grow(self, step: SrunStep, number: int, nodes: list[str]) -> None:
+        """Every cluster.slurm.grow_every_min minutes of an attempt on fewer nodes than the range allows: when
+        more would start at once and the work left pays for the move, tell the step to stop (its ranks
+        checkpoint and requeue the job, which asks for the range again) and record why (``runtime.grow``)."""
+        if time.monotonic() < self.grow_check_at or not self._may_grow(len(nodes)):
+            return
+        self.grow_check_at = time.monotonic() + self.cluster.slurm.grow_every_min * 60
+        script = Path(str(self.rd.read_job_record().get("script", "")))
+        progress = self.rd.progress_record(0)
+        began = self.ledger.last.start if self.ledger.last is not None else None
+        if not script.is_file() or (progress.first_time or 0.0) < (began or 0.0):
+            return  # no script to ask Slurm about, or no step of this attempt yet
+        count = larger_count(self.cfg, script, self.allocation, len(nodes))
+        if count is None:
+            say(f"growth check: no more nodes than {len(nodes)} would start at once", sys.stdout)
+            return
+        found = estimate(self.cfg, self.rd, progress, len(nodes), count, requeue_gap_s(self.rd))
+        if found is None:
+            say(f"growth check: {count} nodes would start at once, but this attempt has no step time yet", sys.stdout)
+            return
+        say(f"growth check: {found.describe()}", sys.stdout)
+        if not found.worth:
+            return
+        self.rd.append_growth(found.record(self.job.allocation[0], number, progress.step, time.time()))
+        self.grow_check_at = math.inf
+        step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
+
+    def _may_grow(self, training: int) -> bool:
+        """This job may come back larger: it asked for a range that holds more than ``training`` nodes, checks
+        are on, it is a batch job of its own (not an allocation a shell holds, nor a pack's member) and its
+        requeue budget is not spent."""
+        slurm = self.cluster.slurm
+        return (
+            self.asked is not None
+            and training < min(self.cluster.nodes, self.asked[1] - slurm.spare_nodes)
+            and slurm.grow_every_min > 0
+            and not self.interactive
+            and not in_pack(self.environ)
+            and self.job.requeues < slurm.max_restarts
+        )
 
     def _forwarded(self) -> int:
         """From a shell (cluster.slurm.submit=here), a stop reaches only this process: it passes cluster.signal on.

@@ -129,7 +129,7 @@ def _goodput(run_dir: RunDir, attempts: list[AttemptRecord]) -> dict[str, Any]:
         return {}
     if attempts[-1].end is None:
         attempts = [*attempts[:-1], replace(attempts[-1], progress=run_dir.progress_record(0))]
-    return ledger(run_dir.allocation_records(), attempts)
+    return ledger(run_dir.allocation_records(), attempts, growths=run_dir.growth_records())
 
 
 def _failure_tail(run_dir: RunDir, attempts: list[AttemptRecord], lines: int = 8) -> str:

@@ -51,7 +51,7 @@ class Bar:
 class Mark:
     row: int
     kind: str
-    """checkpoint, stop or failure."""
+    """checkpoint, stop, failure or grow."""
     time: float
     text: str = ""
 
@@ -82,7 +82,7 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
     allocations = rd.allocation_records()
     attempts = rd.attempt_records()
     if goodput is None:
-        goodput = ledger(allocations, attempts) if allocations else {}
+        goodput = ledger(allocations, attempts, growths=rd.growth_records()) if allocations else {}
     out = Timeline(goodput=goodput)
     if not allocations:
         return out
@@ -138,6 +138,11 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
             out.bars.append(Bar(row, "gap", allocation.start, first))
         if allocation.end is not None and allocation.end > last:
             out.bars.append(Bar(row, "gap", last, allocation.end))
+    for growth in rd.growth_records():  # the supervisor's decision to come back on more nodes
+        grew = by_number.get(growth.attempt) if growth.attempt is not None else None
+        on_row = None if grew is None else row_of.get(grew.allocation)
+        if on_row is not None:
+            out.marks.append(Mark(on_row, "grow", growth.time, f"grow to {growth.nodes_expected}"))
     out.marks += _checkpoint_marks(rd, out, allocations_rows=row_of, attempts=attempts)
     return out
 
@@ -198,7 +203,12 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
         ax.barh(bar.row, width, left=left, height=0.5, color=COLOURS[bar.kind], edgecolor="white", linewidth=0.5)
         if bar.text:
             ax.text(left + width / 2, bar.row, bar.text, ha="center", va="center", fontsize=8, color="white")
-    styles = {"checkpoint": ("|", "black", 12), "stop": ("v", "#6a4c93", 9), "failure": ("X", "#c1121f", 9)}
+    styles = {
+        "checkpoint": ("|", "black", 12),
+        "stop": ("v", "#6a4c93", 9),
+        "failure": ("X", "#c1121f", 9),
+        "grow": ("^", "#1d3557", 9),
+    }
     for mark in line.marks:
         symbol, colour, size = styles[mark.kind]
         x = (mark.time - origin) / 60
@@ -210,7 +220,7 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
     ax.set_xlabel("minutes since the submission")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in COLOURS]
     handles += [plt.Line2D([], [], marker=s, color=c, linestyle="") for s, c, _ in styles.values()]
-    names = [LABELS[k] for k in COLOURS] + ["checkpoint", "stop signal", "failure"]
+    names = [LABELS[k] for k in COLOURS] + ["checkpoint", "stop signal", "failure", "decision to grow"]
     ax.legend(
         handles,
         names,

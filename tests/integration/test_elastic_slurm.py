@@ -55,18 +55,20 @@ class Recorded(Dataset):
 '''
 
 
-def job(log_dir: Path, nodes: int, tasks_per_node: int = 2, samples: int = SAMPLES, delay_s: float = 0.04) -> list[str]:
+def job(
+    log_dir: Path, nodes: int, tasks_per_node: int = 2, delay_s: float = 0.04, steps: int = 3 * STEPS_PER_EPOCH
+) -> list[str]:
     return [
         "cluster=slurm",
         f"cluster.nodes={nodes}",
         f"cluster.tasks_per_node={tasks_per_node}",
-        f"data.dataset={{_target_: elastic_data.Recorded, n: {samples}, log_dir: '{log_dir}', delay_s: {delay_s}}}",
+        f"data.dataset={{_target_: elastic_data.Recorded, n: {SAMPLES}, log_dir: '{log_dir}', delay_s: {delay_s}}}",
         "data.input_shape=[32]",
         "data.num_classes=4",
         "model.hidden_sizes=[64]",
         "model.dropout=0",
         f"trainer.batch_size={RANK_BATCH}",
-        f"trainer.max_steps={3 * STEPS_PER_EPOCH}",
+        f"trainer.max_steps={steps}",
         "trainer.max_epochs=0",
         "trainer.log_every_n_steps=1",
         "trainer.plots=false",

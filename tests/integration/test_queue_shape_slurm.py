@@ -1,9 +1,10 @@
 """Whatever nodes the queue gives (#43), on the real testbed (partition all: node1, node2 and node3).
 
 Another job holds node3. A run with cluster.nodes=3 cluster.min_nodes=2 asks Slurm for 2-3 nodes and starts at
-once on node1 and node2. Preempted (USR2), it comes back on what is free: 2 nodes again. Once node3 is free,
-preempted again, it comes back on 3. It trains every step once, on the samples an uninterrupted 3-node job trains
-them on, and ends within the elastic tolerance of that job.
+once on node1 and node2. Preempted (USR2), it comes back on what is free: 2 nodes again. Once node3 is free, the
+run's own growth check (every 6 s here) sees that a third node would start at once, finds the work left worth
+the move, checkpoints and requeues itself, and comes back on 3. It trains every step once, on the samples an
+uninterrupted 3-node job trains them on, and ends within the elastic tolerance of that job.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from .test_elastic_slurm import RANK_BATCH, STEPS_PER_EPOCH, USER_DATA, job, tra
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-STEPS = 3 * STEPS_PER_EPOCH
-RANGE = ["cluster.partition=all", "cluster.min_nodes=2"]
+STEPS = 20 * STEPS_PER_EPOCH
+"""Enough steps left after the return on 2 nodes that a third is worth a requeue: on 2 nodes a step reads two
+batches (2 x 50 ms), on 3 one."""
+RANGE = ["cluster.partition=all", "cluster.min_nodes=2", "cluster.slurm.grow_every_min=0.1"]
 """On 2 nodes the global batch of 3 x 16 is 2 ranks x 12 x 2 accumulated."""
 
 
@@ -43,19 +46,16 @@ def restarts(job_id: str) -> int:
     return int(next(f for f in out.split() if f.startswith("Restarts=")).split("=", 1)[1])
 
 
-def preempt_once_past(run_dir: Path, job_id: str, step: int, restart: int) -> int:
-    """USR2 to the job's ranks once every rank is past ``step``; waits for the requeued job to run again (Slurm's
-    restart ``restart``) and returns the step the stopped attempt saved."""
-    wait_for_ranks(run_dir, step)
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
-    deadline = time.monotonic() + 120
+def back_again(run_dir: Path, job_id: str, restart: int, timeout: float = 120) -> int:
+    """Wait for the requeued job to run again (Slurm's restart ``restart``); the step the stopped attempt saved."""
+    deadline = time.monotonic() + timeout
     while restarts(job_id) < restart or squeue(job_id)[0] != "RUNNING":
         assert time.monotonic() < deadline, f"job {job_id} did not run again within 120s: {squeue(job_id)}"
         time.sleep(0.2)
     history = RunDir(run_dir).requeue_records()
     assert len(history) == restart, history
     stopped = history[-1].stopped_step
-    assert stopped is not None and stopped >= step
+    assert stopped is not None
     return stopped
 
 
@@ -66,7 +66,7 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
     log.mkdir()
     # 1G a node: without it a job takes all of a node's memory (the testbed's DefMemPerNode is unlimited), and the
     # baseline could not run beside the run.
-    three = [*job(log, 3, tasks_per_node=1, delay_s=0.05), "cluster.partition=all", "cluster.slurm.mem=1G"]
+    three = [*job(log, 3, tasks_per_node=1, delay_s=0.05, steps=STEPS), "cluster.partition=all", "cluster.slurm.mem=1G"]
     hold = ["sbatch", "--parsable", "--exclusive", "-p", "all", "-w", "node3", "-t", "10", "-o", "/dev/null"]
     holder = subprocess.run([*hold, "--wrap", "sleep 600"], capture_output=True, text=True, timeout=30, check=True)
     holder_id = holder.stdout.strip()
@@ -101,16 +101,19 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
             time.sleep(0.2)
         assert squeue(holder_id)[0] == "RUNNING" and squeue(baseline.job_id)[0] == "PENDING"
 
-        first = preempt_once_past(run_dir, job_id, 25, restart=1)
+        wait_for_ranks(run_dir, 25)
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+        first = back_again(run_dir, job_id, restart=1)
         assert squeue(job_id) == ("RUNNING", 2), "node3 is still held: the requeued job comes back on 2 nodes"
+        assert not RunDir(run_dir).growth_records(), "no growth while node3 was held"
         subprocess.run(["scancel", holder_id], check=True, timeout=30)
         assert wait_for_job(holder_id, timeout=60) == "CANCELLED"
-        second = preempt_once_past(run_dir, job_id, first + 20, restart=2)
-        assert squeue(job_id)[1] == 3, "node3 is free: the requeued job comes back on 3 nodes"
+        second = back_again(run_dir, job_id, restart=2)  # the run's own growth: no signal from here
+        assert squeue(job_id)[1] == 3, "node3 is free: the job grew back to 3 nodes"
         assert wait_for_job(job_id, timeout=300) == "COMPLETED"
     finally:
         subprocess.run(["scancel", holder_id], timeout=30)
-    print(f"2-3 nodes: started on 2, stopped at step {first}, back on 2, stopped at {second}, back on 3 to {STEPS}")
+    print(f"2-3 nodes: started on 2, stopped at step {first}, back on 2, grew at {second}, back on 3 to {STEPS}")
 
     rd = RunDir(run_dir)
     assert [(a.nodes, a.min_nodes, a.max_nodes) for a in rd.allocation_records()] == [
@@ -125,12 +128,26 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
     )
     assert "asked for 2-3 nodes, got 2" in started.why and "asked for 2-3 nodes, got 3" in grew.why
     assert grew.onto.startswith("3 nodes x 1 task (global batch 48 = 16 a rank x 3 ranks x 1")
-    [reshape] = rd.read_goodput()["reshapes"]
+    goodput = rd.read_goodput()
+    [reshape] = goodput["reshapes"]
     assert (reshape["nodes_before"], reshape["nodes_after"], reshape["in_allocation"]) == (2, 3, False), reshape
+    # The growth: decided on the run's own estimate, recorded, and its real cost in the goodput ledger.
+    [growth] = rd.growth_records()
+    assert (growth.nodes_before, growth.nodes_expected) == (2, 3) and first < (growth.step or 0) <= second, growth
+    assert growth.gain_s is not None and growth.cost_s is not None and growth.gain_s > growth.cost_s > 0
+    [grown] = goodput["growths"]
+    assert grown["nodes_after"] == 3 and grown["cost_s"] > 0 and goodput["growth_s"] == grown["cost_s"]
+    said = (run_dir / "submitit" / f"{job_id}_0_log.out").read_text()
+    decision = next(line for line in said.splitlines() if "would start at once (on 2 now): growing" in line)
+    print(
+        f"{decision}\ndecision to the first step on 3 nodes: {grown['cost_s']:.1f} s (estimated {growth.cost_s:.1f} s)"
+    )
     logs = (run_dir / "logs" / "rank_0.log").read_text()
     assert "rank table (attempt 0, 2 ranks; asked for 2-3 nodes, got 2)" in logs, logs[-2000:]
     status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
-    assert f"job {job_id} asked for 2-3 nodes, got 3" in status, status
+    assert f"job {job_id} asked for 2-3 nodes, got 3" in status and "stopped to grow from 2 to 3 nodes" in status, (
+        status
+    )
     plot = cli("hpc_train.plot", str(run_dir), "--timeline", cwd=tmp_path)
     assert plot.returncode == 0 and (run_dir / "plots" / "timeline.png").is_file(), plot.stderr[-2000:]
 

@@ -32,7 +32,7 @@ cluster.partition=debug, max_restarts=3, spare_nodes=1, sbatch_args, setup, sign
 
 
 def test_the_slurm_keys_are_one_level_down_and_named_once() -> None:
-    assert tuple(f.name for f in fields(SlurmConfig)) == SLURM_ONLY and len(SLURM_ONLY) == 26
+    assert tuple(f.name for f in fields(SlurmConfig)) == SLURM_ONLY and len(SLURM_ONLY) == 27
     assert not set(SLURM_ONLY) & {f.name for f in fields(ClusterConfig)}
     # Every key a resubmission may change still names a key of the schema (no stale flat name).
     schema = OmegaConf.structured(Config)

@@ -1,0 +1,190 @@
+"""Grow when more frees up: a job that asked for a node range and trains on fewer than ``cluster.nodes`` comes back
+larger when more nodes would start at once and the work left pays for the move.
+
+Every ``cluster.slurm.grow_every_min`` minutes the supervisor asks Slurm whether a job of the missing nodes would
+start now (``sbatch --test-only`` with the job's own script, its nodes excluded: Slurm weighs idle nodes and the
+jobs pending ahead). For the largest count of the range that would, it estimates from the run's own figures:
+
+- the gain: the steps left, each as much faster as the step times say (``runtime.estimates``: measured per node
+  count, a scaling study, or linear from the nearest count);
+- the cost: the stop's checkpoint (the run's measured stop-to-durable times), the requeue's gap (the run's own
+  requeues, else Slurm's cred_expire + 1 s, which a requeued job waits before it may start) and a start-up (the
+  run's measured ones).
+
+When the gain is larger it says so with the figures, records the decision (``status/growths.json``) and passes the
+stop signal to the training step: the ranks checkpoint and rank 0 requeues the job, as after a preemption notice.
+The requeued job asks for the range again, so it never waits for the larger count: it starts on what is free
+then. The goodput ledger measures each growth's real cost (the decision to the first step on more nodes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc_train.config import Config
+from hpc_train.core.goodput import step_seconds
+from hpc_train.core.records import Growth, Progress
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.textutil import plural
+from hpc_train.runtime.estimates import (
+    candidate_counts,
+    measured_startup_s,
+    measured_step_seconds,
+    slurm_start_estimate,
+    step_time,
+    steps_left,
+    study_step_seconds,
+)
+
+__all__ = ["AT_ONCE_S", "Estimate", "checkpoint_cost_s", "estimate", "larger_count", "requeue_gap_s"]
+
+AT_ONCE_S = 60.0
+"""A start Slurm expects within this long counts as at once (its estimate has a resolution of seconds and the
+scheduler runs every few)."""
+SLURM_CRED_EXPIRE_S = 120
+"""Slurm's default cred_expire: a requeued job may start only cred_expire + 1 s after it ended."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """Growing from ``nodes_now`` to ``nodes_after``: what it would cost and gain, with where each figure comes from."""
+
+    nodes_now: int
+    nodes_after: int
+    steps_left: int
+    step_s_now: float
+    step_s_after: float
+    after_source: str
+    checkpoint_s: float
+    checkpoint_source: str
+    gap_s: float
+    gap_source: str
+    startup_s: float
+    startup_source: str
+
+    @property
+    def cost_s(self) -> float:
+        return self.checkpoint_s + self.gap_s + self.startup_s
+
+    @property
+    def gain_s(self) -> float:
+        return self.steps_left * (self.step_s_now - self.step_s_after)
+
+    @property
+    def worth(self) -> bool:
+        return self.gain_s > self.cost_s
+
+    def describe(self) -> str:
+        verdict = "growing" if self.worth else "not worth it; staying"
+        return (
+            f"{plural(self.nodes_after, 'node')} would start at once (on {self.nodes_now} now): {verdict}. Gain "
+            f"{self.gain_s:.0f} s ({plural(self.steps_left, 'step')} left at {self.step_s_now:.3g} s a step now, "
+            f"{self.step_s_after:.3g} s on {self.nodes_after}: {self.after_source}); cost {self.cost_s:.0f} s "
+            f"(checkpoint {self.checkpoint_s:.0f} s: {self.checkpoint_source}; requeue gap {self.gap_s:.0f} s: "
+            f"{self.gap_source}; start-up {self.startup_s:.0f} s: {self.startup_source})"
+        )
+
+    def record(self, job_id: str, attempt: int, step: int | None, now: float) -> Growth:
+        return Growth(
+            time=now,
+            job_id=job_id,
+            attempt=attempt,
+            step=step,
+            nodes_before=self.nodes_now,
+            nodes_expected=self.nodes_after,
+            steps_left=self.steps_left,
+            step_s_before=round(self.step_s_now, 6),
+            step_s_after=round(self.step_s_after, 6),
+            cost_s=round(self.cost_s, 3),
+            gain_s=round(self.gain_s, 3),
+        )
+
+
+def larger_count(cfg: Config, script: Path, allocation: list[str], training: int) -> int | None:
+    """The largest count of the range, above ``training``, whose missing nodes Slurm would start at once beside
+    this job's ``allocation`` (None: no larger count would)."""
+    exclude = ",".join([*allocation, *filter(None, [cfg.cluster.slurm.exclude])])
+    for count in sorted(candidate_counts(cfg), reverse=True):
+        if count <= training:
+            return None
+        missing = count + cfg.cluster.slurm.spare_nodes - len(allocation)
+        if missing <= 0:  # (the allocation holds them already: not a count this job is short of)
+            continue
+        start, _ = slurm_start_estimate(script, f"--nodes={missing}", f"--exclude={exclude}")
+        if start is not None and start <= time.time() + AT_ONCE_S:
+            return count
+    return None
+
+
+def estimate(
+    cfg: Config, rd: RunDir, progress: Progress, nodes_now: int, nodes_after: int, gap: tuple[float, str]
+) -> Estimate | None:
+    """The cost and gain of growing from ``nodes_now`` to ``nodes_after`` now, for an attempt whose rank 0 has
+    made ``progress``; None when a figure it needs is missing (fewer than two steps yet, the steps left unknown)."""
+    now_s = step_seconds(progress)
+    left = steps_left(cfg, rd, progress.step)
+    if now_s is None or left is None:
+        return None
+    measured = {**measured_step_seconds(rd), nodes_now: now_s}  # this attempt's own pace, the freshest figure
+    after_s, source = step_time(nodes_after, measured, study_step_seconds(cfg))
+    if after_s is None:
+        return None
+    checkpoint, checkpoint_source = checkpoint_cost_s(rd)
+    startup = measured_startup_s(rd)
+    return Estimate(
+        nodes_now=nodes_now,
+        nodes_after=nodes_after,
+        steps_left=left,
+        step_s_now=now_s,
+        step_s_after=after_s,
+        after_source=source,
+        checkpoint_s=checkpoint,
+        checkpoint_source=checkpoint_source,
+        gap_s=gap[0],
+        gap_source=gap[1],
+        startup_s=startup or 0.0,
+        startup_source="measured (median of this run's attempts)" if startup is not None else "not measured",
+    )
+
+
+def checkpoint_cost_s(rd: RunDir) -> tuple[float, str]:
+    """How long the stop's checkpoint takes: the median of the run's stops (signal to durable checkpoint)."""
+    saved = [e.stop_saved_s for e in rd.requeue_records() if e.stop_saved_s is not None]
+    if not saved:
+        return 0.0, "not measured yet"
+    return float(statistics.median(saved)), f"median of {plural(len(saved), 'stop')}"
+
+
+def requeue_gap_s(rd: RunDir) -> tuple[float, str]:
+    """The wait from a requeued job's end to its next start: measured on the run's own requeues, else the
+    delay Slurm imposes (cred_expire + 1 s, read from ``scontrol show config``)."""
+    allocations = rd.allocation_records()
+    gaps = [
+        after.start - before.end
+        for before, after in itertools.pairwise(allocations)
+        if before.job_id == after.job_id and before.end is not None and after.start >= before.end
+    ]
+    if gaps:
+        return float(statistics.median(gaps)), f"median of this run's {plural(len(gaps), 'requeue')}"
+    expire = _cred_expire_s()
+    if expire is None:
+        return SLURM_CRED_EXPIRE_S + 1.0, f"Slurm's default cred_expire ({SLURM_CRED_EXPIRE_S} s) + 1 s"
+    return expire + 1.0, f"this cluster's cred_expire ({expire} s) + 1 s"
+
+
+def _cred_expire_s() -> int | None:
+    """AuthInfo's cred_expire from ``scontrol show config`` (None: not set there, or no answer)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"^AuthInfo\s*=.*\bcred_expire=(\d+)", out, re.MULTILINE)
+    return int(found.group(1)) if found else None
