@@ -412,8 +412,8 @@ class RunDir:
     def growth_records(self) -> list[Growth]:
         return _checked_list(self.growths, Growth, "growths")[0]
 
-    def append_growth(self, entry: Growth) -> None:
-        write_json_atomic(self.growths, [e.to_json() for e in [*self.growth_records(), entry]])
+    def write_growths(self, growths: list[Growth]) -> None:
+        write_json_atomic(self.growths, [e.to_json() for e in growths])
 
     @property
     def restarts(self) -> Path:

@@ -109,7 +109,8 @@ class Estimate:
 def larger_count(cfg: Config, script: Path, allocation: list[str], training: int) -> int | None:
     """The largest count of the range, above ``training``, whose missing nodes Slurm would start at once beside
     this job's ``allocation`` (None: no larger count would)."""
-    exclude = ",".join([*allocation, *filter(None, [cfg.cluster.slurm.exclude])])
+    user = cfg.cluster.slurm.exclude
+    exclude = ",".join([*allocation, user] if user else allocation)
     for count in sorted(candidate_counts(cfg), reverse=True):
         if count <= training:
             return None

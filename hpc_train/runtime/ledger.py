@@ -1,6 +1,6 @@
 """The supervisor's books: the run's attempts and allocations, and the goodput ledger made from them.
 
-``status/attempts.json`` and ``status/allocations.json`` have one writer, the supervisor of the allocation that
+``status/attempts.json``, ``status/allocations.json`` and ``status/growths.json`` have one writer, the supervisor of the allocation that
 owns the run dir (``core.owner``). So the ledger reads them once, when the allocation begins, keeps them in
 memory and writes every change through: the files always say what the supervisor knows, and it never reads
 them back.
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from hpc_train.core.goodput import ledger
 from hpc_train.core.identity import JobIdentity
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, Progress
 from hpc_train.core.rundir import RunDir
 
 __all__ = ["AttemptLedger"]
@@ -28,6 +28,8 @@ class AttemptLedger:
         self.attempts: list[AttemptRecord] = []
         """Every attempt of the run, oldest first (a damaged entry is left out: it must not stop the recovery)."""
         self.allocations: list[Allocation] = []
+        self.growths: list[Growth] = []
+        """The run's stops to come back on more nodes (``runtime.grow``), for the goodput ledger."""
 
     def mine(self, record: AttemptRecord | Allocation | None) -> bool:
         """Whether an allocation or attempt record belongs to this allocation."""
@@ -54,6 +56,7 @@ class AttemptLedger:
         node range the job asked for, None for a fixed count)."""
         self.attempts = self.rd.attempt_records()
         self.allocations = self.rd.allocation_records()
+        self.growths = self.rd.growth_records()
         self._close_abandoned()
         low, high = asked or (None, None)
         mine = Allocation(
@@ -114,5 +117,11 @@ class AttemptLedger:
         self.rd.write_attempts(self.attempts)
         self.write_goodput()
 
+    def add_growth(self, growth: Growth) -> None:
+        """Record a decision to come back on more nodes (``status/growths.json``)."""
+        self.growths.append(growth)
+        self.rd.write_growths(self.growths)
+        self.write_goodput()
+
     def write_goodput(self) -> None:
-        self.rd.write_goodput(ledger(self.allocations, self.attempts, growths=self.rd.growth_records()))
+        self.rd.write_goodput(ledger(self.allocations, self.attempts, growths=self.growths))

@@ -93,8 +93,9 @@ class Supervisor:
 
     def _asked(self) -> tuple[int, int] | None:
         """The job record's --nodes (cluster.slurm.shape=earliest_finish may have asked for one count of the
-        range), else the config's range; None for a job of a fixed count."""
-        if not self.cluster.asks_range:
+        range), else the config's range; None for a job of a fixed count, and for an allocation a shell holds
+        (its salloc asked, not hpc_train)."""
+        if not self.cluster.asks_range or self.interactive:
             return None
         low, _, high = str(self.rd.read_job_record().get("nodes", "")).partition("-")
         if low.isdigit() and (high.isdigit() or not high):
@@ -223,7 +224,7 @@ class Supervisor:
                 asked = asked_for(*self.asked, len(self.allocation))
                 why = f"attempt {number} in job {job}, which {asked} (cluster.min_nodes={self.cluster.min_nodes})"
             else:
-                why = f"attempt {number} in job {job}, on the {self.cluster.allocated_nodes} nodes it asked for"
+                why = f"attempt {number} in job {job}, on {len(nodes)} of its {len(self.allocation)} nodes"
             say(f"training on {len(nodes)} of {self.cluster.nodes} nodes: {onto}, was {was}; {why}")
             self.rd.append_reshape(Reshape(was=was, onto=onto, time=time.time(), why=why))
         told = {} if self.asked is None else {ASKED_VARIABLE: asked_for(*self.asked, len(self.allocation))}
@@ -266,7 +267,7 @@ class Supervisor:
         say(f"growth check: {found.describe()}", sys.stdout)
         if not found.worth:
             return
-        self.rd.append_growth(found.record(self.job.allocation[0], number, progress.step, time.time()))
+        self.ledger.add_growth(found.record(self.job.allocation[0], number, progress.step, time.time()))
         self.grow_check_at = math.inf
         step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
 
