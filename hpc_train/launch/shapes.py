@@ -29,6 +29,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import format_table, plural
 from hpc_train.runtime.estimates import (
     candidate_counts,
+    kept_step,
     measured_startup_s,
     measured_step_seconds,
     slurm_start_estimate,
@@ -73,10 +74,11 @@ class ShapeTable:
 def shape_table(cfg: Config, run_dir: RunDir, script: Path, now: float | None = None) -> ShapeTable:
     """Slurm's start and the estimated finish of each candidate count for the job of ``script``."""
     asked_at = time.time() if now is None else now
-    measured = measured_step_seconds(run_dir)
+    attempts = run_dir.attempt_records()
+    measured = measured_step_seconds(attempts)
     study = study_step_seconds(cfg)
-    startup = measured_startup_s(run_dir)
-    left = steps_left(cfg, run_dir)
+    startup = measured_startup_s(attempts)
+    left = steps_left(cfg, kept_step(attempts))
     rows = []
     for nodes in candidate_counts(cfg):
         start, note = slurm_start_estimate(script, f"--nodes={nodes + cfg.cluster.slurm.spare_nodes}")

@@ -193,10 +193,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
 
     notes = [attempts_note(attempts)] if attempts else []
     notes += stops_note(run_dir.requeue_records()) + reshapes_note(run_dir.reshape_records())
-    asked = asked_note(run_dir.allocation_records(), job_id) + growths_note(run_dir.growth_records())
-    notes += asked
+    shape = asked_note(run_dir.allocation_records(), job_id) + growths_note(run_dir.growth_records())
+    notes += shape
     if all_ranks(statuses, world_size, RankState.COMPLETED):
-        retried = notes if len(attempts) > 1 else asked
+        retried = notes if len(attempts) > 1 else shape  # what the job got is said even after one attempt
         doubts = [f"warning: {note}" for note in completion_notes(statuses)]  # no sign of training
         detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)

@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -22,11 +23,12 @@ from hpc_train.config import Config
 from hpc_train.config.shape import Shape, fits_on
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.goodput import step_seconds
-from hpc_train.core.rundir import RunDir
+from hpc_train.core.records import AttemptRecord
 
 __all__ = [
     "MAX_CANDIDATES",
     "candidate_counts",
+    "kept_step",
     "measured_startup_s",
     "measured_step_seconds",
     "slurm_start_estimate",
@@ -83,21 +85,21 @@ def slurm_start_estimate(script: Path, *flags: str) -> tuple[float | None, str]:
 # ---- the run's own figures ----------------------------------------------------------------------------------------
 
 
-def measured_step_seconds(run_dir: RunDir) -> dict[int, float]:
+def measured_step_seconds(attempts: Sequence[AttemptRecord]) -> dict[int, float]:
     """Node count -> the step time of the latest attempt on that many nodes that made two steps or more."""
     out: dict[int, float] = {}
-    for attempt in run_dir.attempt_records():
+    for attempt in attempts:
         seconds = step_seconds(attempt.progress)
         if seconds and attempt.nodes:
             out[len(attempt.nodes)] = seconds
     return out
 
 
-def measured_startup_s(run_dir: RunDir) -> float | None:
+def measured_startup_s(attempts: Sequence[AttemptRecord]) -> float | None:
     """The median start-up (an attempt's start to its first step) of the run's attempts, when any made a step."""
     seconds = sorted(
         a.progress.first_time - a.start
-        for a in run_dir.attempt_records()
+        for a in attempts
         if a.progress is not None and a.progress.first_time and a.start and a.progress.first_time > a.start
     )
     return seconds[len(seconds) // 2] if seconds else None
@@ -140,9 +142,14 @@ def step_time(nodes: int, measured: dict[int, float], study: dict[int, float]) -
     return known[base] * base / nodes, f"linear from {base} ({origin})"
 
 
-def steps_left(cfg: Config, run_dir: RunDir, done: int | None = None) -> int | None:
-    """Steps from ``done`` (default: the run's newest checkpoint) to its end; None when the end is not known
-    before the data set is built (a data set of the user's, and no trainer.max_steps)."""
+def kept_step(attempts: Sequence[AttemptRecord]) -> int:
+    """The newest checkpoint the run's attempts kept (0: none)."""
+    return max((a.progress.checkpoint_step or 0 for a in attempts if a.progress is not None), default=0)
+
+
+def steps_left(cfg: Config, done: int) -> int | None:
+    """Steps from step ``done`` to the run's end; None when the end is not known before the data set is built
+    (a data set of the user's, and no trainer.max_steps)."""
     tc = cfg.trainer
     total = tc.max_steps or math.inf
     if tc.epoch_limit:
@@ -151,8 +158,4 @@ def steps_left(cfg: Config, run_dir: RunDir, done: int | None = None) -> int | N
                 return None
         else:
             total = min(total, tc.epoch_limit * (cfg.data.num_train // Shape.of(cfg).global_batch))
-    if done is None:
-        done = max(
-            (a.progress.checkpoint_step or 0 for a in run_dir.attempt_records() if a.progress is not None), default=0
-        )
     return max(0, int(total) - done)

@@ -24,13 +24,13 @@ import re
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_train.config import Config
 from hpc_train.core.goodput import step_seconds
-from hpc_train.core.records import Growth, Progress
-from hpc_train.core.rundir import RunDir
+from hpc_train.core.records import Allocation, AttemptRecord, Growth, Progress, RequeueEntry
 from hpc_train.core.textutil import plural
 from hpc_train.runtime.estimates import (
     candidate_counts,
@@ -124,20 +124,27 @@ def larger_count(cfg: Config, script: Path, allocation: list[str], training: int
 
 
 def estimate(
-    cfg: Config, rd: RunDir, progress: Progress, nodes_now: int, nodes_after: int, gap: tuple[float, str]
+    cfg: Config,
+    attempts: Sequence[AttemptRecord],
+    progress: Progress,
+    nodes: tuple[int, int],
+    gap: tuple[float, str],
+    checkpoint: tuple[float, str],
 ) -> Estimate | None:
-    """The cost and gain of growing from ``nodes_now`` to ``nodes_after`` now, for an attempt whose rank 0 has
-    made ``progress``; None when a figure it needs is missing (fewer than two steps yet, the steps left unknown)."""
+    """The cost and gain of growing from ``nodes`` (now, after) now, for the run's ``attempts`` whose latest has
+    made ``progress`` (rank 0's); ``gap`` and ``checkpoint``: the requeue's and the stop's cost, with where they
+    come from (``requeue_gap_s``, ``checkpoint_cost_s``). None when a figure it needs is missing (fewer than two
+    steps yet, the steps left unknown)."""
+    nodes_now, nodes_after = nodes
     now_s = step_seconds(progress)
-    left = steps_left(cfg, rd, progress.step)
+    left = steps_left(cfg, progress.step or 0)
     if now_s is None or left is None:
         return None
-    measured = {**measured_step_seconds(rd), nodes_now: now_s}  # this attempt's own pace, the freshest figure
+    measured = {**measured_step_seconds(attempts), nodes_now: now_s}  # this attempt's own pace, the freshest figure
     after_s, source = step_time(nodes_after, measured, study_step_seconds(cfg))
     if after_s is None:
         return None
-    checkpoint, checkpoint_source = checkpoint_cost_s(rd)
-    startup = measured_startup_s(rd)
+    startup = measured_startup_s(attempts)
     return Estimate(
         nodes_now=nodes_now,
         nodes_after=nodes_after,
@@ -145,8 +152,8 @@ def estimate(
         step_s_now=now_s,
         step_s_after=after_s,
         after_source=source,
-        checkpoint_s=checkpoint,
-        checkpoint_source=checkpoint_source,
+        checkpoint_s=checkpoint[0],
+        checkpoint_source=checkpoint[1],
         gap_s=gap[0],
         gap_source=gap[1],
         startup_s=startup or 0.0,
@@ -154,18 +161,17 @@ def estimate(
     )
 
 
-def checkpoint_cost_s(rd: RunDir) -> tuple[float, str]:
-    """How long the stop's checkpoint takes: the median of the run's stops (signal to durable checkpoint)."""
-    saved = [e.stop_saved_s for e in rd.requeue_records() if e.stop_saved_s is not None]
+def checkpoint_cost_s(stops: Sequence[RequeueEntry]) -> tuple[float, str]:
+    """How long the stop's checkpoint takes: the median of the run's ``stops`` (signal to durable checkpoint)."""
+    saved = [e.stop_saved_s for e in stops if e.stop_saved_s is not None]
     if not saved:
         return 0.0, "not measured yet"
     return float(statistics.median(saved)), f"median of {plural(len(saved), 'stop')}"
 
 
-def requeue_gap_s(rd: RunDir) -> tuple[float, str]:
-    """The wait from a requeued job's end to its next start: measured on the run's own requeues, else the
+def requeue_gap_s(allocations: Sequence[Allocation]) -> tuple[float, str]:
+    """The wait from a requeued job's end to its next start: measured on the run's own ``allocations``, else the
     delay Slurm imposes (cred_expire + 1 s, read from ``scontrol show config``)."""
-    allocations = rd.allocation_records()
     gaps = [
         after.start - before.end
         for before, after in itertools.pairwise(allocations)

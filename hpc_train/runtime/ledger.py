@@ -1,9 +1,9 @@
 """The supervisor's books: the run's attempts and allocations, and the goodput ledger made from them.
 
-``status/attempts.json``, ``status/allocations.json`` and ``status/growths.json`` have one writer, the supervisor of the allocation that
-owns the run dir (``core.owner``). So the ledger reads them once, when the allocation begins, keeps them in
-memory and writes every change through: the files always say what the supervisor knows, and it never reads
-them back.
+``status/attempts.json``, ``status/allocations.json`` and ``status/growths.json`` have one writer, the supervisor
+of the allocation that owns the run dir (``core.owner``). So the ledger reads them once, when the allocation
+begins, keeps them in memory and writes every change through: the files always say what the supervisor knows,
+and it never reads them back.
 """
 
 from __future__ import annotations

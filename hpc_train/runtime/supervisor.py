@@ -43,7 +43,7 @@ from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, Ran
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
 from hpc_train.runtime.failures import Failure, SrunReport, classify
-from hpc_train.runtime.grow import estimate, larger_count, requeue_gap_s
+from hpc_train.runtime.grow import checkpoint_cost_s, estimate, larger_count, requeue_gap_s
 from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
@@ -260,7 +260,8 @@ class Supervisor:
         if count is None:
             say(f"growth check: no more nodes than {len(nodes)} would start at once", sys.stdout)
             return
-        found = estimate(self.cfg, self.rd, progress, len(nodes), count, requeue_gap_s(self.rd))
+        gap, checkpoint = requeue_gap_s(self.ledger.allocations), checkpoint_cost_s(self.rd.requeue_records())
+        found = estimate(self.cfg, self.ledger.attempts, progress, (len(nodes), count), gap, checkpoint)
         if found is None:
             say(f"growth check: {count} nodes would start at once, but this attempt has no step time yet", sys.stdout)
             return

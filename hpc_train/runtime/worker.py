@@ -69,10 +69,9 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
     from hpc_train.config import load_config
-    from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, on_nodes
+    from hpc_train.config.shape import NODES_VARIABLE, on_nodes
 
     cfg = load_config(rd.config)
-    asked = os.environ.get(ASKED_VARIABLE, "")
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
@@ -84,7 +83,7 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         return _ended(rd, env, cfg, job, run_user_script(rd, env, cfg, job, early_stop=startup.signals))
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
     try:
-        fit = _train(rd, env, cfg, job, startup, trackers, asked)
+        fit = _train(rd, env, cfg, job, startup, trackers)
     except BaseException:
         if trackers is not None:
             trackers.close("failed")
@@ -106,13 +105,7 @@ def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) ->
 
 
 def _train(
-    rd: RunDir,
-    env: DistEnv,
-    cfg: Config,
-    job: JobIdentity,
-    startup: Startup,
-    trackers: TrackerLog | None,
-    asked: str = "",
+    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup, trackers: TrackerLog | None
 ) -> Fit:
     from hpc_train.distributed import distributed
 
@@ -122,7 +115,7 @@ def _train(
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
     with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
-        _publish_rank_table(rd, env, device, job.attempt, asked)
+        _publish_rank_table(rd, env, device, job.attempt)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
         return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
 
@@ -154,15 +147,17 @@ def _guards(
             stop.restore()
 
 
-def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int, asked: str = "") -> None:
+def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int) -> None:
     """Every rank's host, device and rendezvous address, with the attempt (and for a job that asked for a node
-    range, what it got): in rank 0's log and in the run dir."""
+    range, what it got, as the supervisor tells it): in rank 0's log and in the run dir."""
     import logging
 
+    from hpc_train.config.shape import ASKED_VARIABLE
     from hpc_train.distributed import format_rank_table, gather_rank_table
 
     rows = gather_rank_table(env, device)
     if env.is_main:
+        asked = os.environ.get(ASKED_VARIABLE, "")
         logging.getLogger("hpc_train").info(
             "rank table (attempt %d, %s%s):\n%s",
             attempt,

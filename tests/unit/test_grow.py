@@ -11,7 +11,6 @@ import pytest
 
 from hpc_train.core.goodput import ledger
 from hpc_train.core.records import Allocation, AttemptRecord, Growth, Progress, RequeueEntry
-from hpc_train.core.rundir import RunDir
 from hpc_train.runtime.grow import Estimate, checkpoint_cost_s, estimate, larger_count, requeue_gap_s
 from hpc_train.tools.api import compose_config
 
@@ -57,25 +56,20 @@ def fake(bindir: Path, name: str, body: str) -> None:
 
 
 def test_the_requeue_gap_is_measured_else_slurms_cred_expire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
     bindir = tmp_path / "bin"
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     fake(bindir, "scontrol", "print('AuthType = auth/munge\\nAuthInfo = cred_expire=5,socket=/run/m')\n")
-    assert requeue_gap_s(rd) == (6.0, "this cluster's cred_expire (5 s) + 1 s")
+    assert requeue_gap_s([]) == (6.0, "this cluster's cred_expire (5 s) + 1 s")
     fake(bindir, "scontrol", "print('AuthInfo = (null)')\n")
-    assert requeue_gap_s(rd) == (121.0, "Slurm's default cred_expire (120 s) + 1 s")
-    rd.write_allocations(
-        [
-            Allocation(job_id="7", start=0.0, end=100.0),
-            Allocation(job_id="7", requeue=1, start=108.0, end=200.0),
-            Allocation(job_id="9", start=900.0, end=None),  # another job (a resubmission): not a requeue's gap
-        ]
-    )
-    assert requeue_gap_s(rd) == (8.0, "median of this run's 1 requeue")
-    assert checkpoint_cost_s(rd) == (0.0, "not measured yet")
-    rd.append_restart(RequeueEntry(restart=0, signal=12, stop_saved_s=1.5))
-    assert checkpoint_cost_s(rd) == (1.5, "median of 1 stop")
+    assert requeue_gap_s([]) == (121.0, "Slurm's default cred_expire (120 s) + 1 s")
+    allocations = [
+        Allocation(job_id="7", start=0.0, end=100.0),
+        Allocation(job_id="7", requeue=1, start=108.0, end=200.0),
+        Allocation(job_id="9", start=900.0, end=None),  # another job (a resubmission): not a requeue's gap
+    ]
+    assert requeue_gap_s(allocations) == (8.0, "median of this run's 1 requeue")
+    assert checkpoint_cost_s([]) == (0.0, "not measured yet")
+    assert checkpoint_cost_s([RequeueEntry(restart=0, signal=12, stop_saved_s=1.5)]) == (1.5, "median of 1 stop")
 
 
 SBATCH = """\
@@ -111,25 +105,20 @@ def test_the_largest_count_whose_missing_nodes_start_at_once(tmp_path: Path, mon
     assert larger_count(compose_config(*RANGE, "trainer.batch_size=64"), script, ["node1", "node2"], 2) is None
 
 
-def test_the_estimate_uses_this_attempts_pace_and_the_runs_history(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
+def test_the_estimate_uses_this_attempts_pace_and_the_runs_history() -> None:
     cfg = compose_config(*RANGE)
     pace = Progress(first_step=201, first_time=1000.0, step=401, time=1200.0)  # 1 s a step on 2 nodes
-    rd.write_attempts(
-        [
-            AttemptRecord.from_json(
-                {"attempt": 0, "outcome": "stopped", "start": 980.0, "nodes": ["a", "b"], "progress": pace.to_json()}
-            )
-        ]
-    )
-    found = estimate(cfg, rd, pace, 2, 4, (6.0, "measured"))
+    attempts = [
+        AttemptRecord.from_json(
+            {"attempt": 0, "outcome": "stopped", "start": 980.0, "nodes": ["a", "b"], "progress": pace.to_json()}
+        )
+    ]
+    found = estimate(cfg, attempts, pace, (2, 4), (6.0, "measured"), (1.0, "median of 1 stop"))
     assert found is not None
     assert (found.steps_left, found.step_s_now, found.step_s_after) == (599, 1.0, 0.5)
-    assert (found.startup_s, found.gap_s) == (20.0, 6.0) and found.worth
-    assert estimate(cfg, rd, Progress(first_step=5, first_time=1.0, step=5, time=1.0), 2, 4, (6.0, "")) is None
+    assert (found.startup_s, found.gap_s, found.checkpoint_s) == (20.0, 6.0, 1.0) and found.worth
+    first = Progress(first_step=5, first_time=1.0, step=5, time=1.0)  # one step: no pace yet
+    assert estimate(cfg, attempts, first, (2, 4), (6.0, ""), (0.0, "")) is None
 
 
 def test_the_ledger_measures_each_growth_from_the_decision_to_the_first_step_on_more_nodes() -> None:

@@ -20,6 +20,7 @@ from hpc_train.launch.sbatch import job_spec, render_sbatch
 from hpc_train.launch.shapes import ShapeRow, ShapeTable, format_shape_table, shape_table
 from hpc_train.runtime.estimates import (
     candidate_counts,
+    kept_step,
     slurm_start_estimate,
     step_time,
     steps_left,
@@ -64,17 +65,15 @@ def test_a_scaling_study_gives_step_times_for_this_global_batch(tmp_path: Path) 
         study_step_seconds(cfg)
 
 
-def test_steps_left_count_from_the_newest_checkpoint(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path / "run")
+def test_steps_left_count_from_the_newest_checkpoint() -> None:
     cfg = compose_config(*RANGE, "trainer.max_steps=500", "trainer.max_epochs=0")
-    assert steps_left(cfg, rd) == 500
-    rd.status_dir.mkdir(parents=True)
+    assert kept_step([]) == 0 and steps_left(cfg, 0) == 500
     done = {"first_step": 1, "first_time": 10.0, "step": 130, "time": 40.0, "checkpoint_step": 120}
-    rd.write_attempts([AttemptRecord.from_json({"attempt": 0, "outcome": "stopped", "progress": done})])
-    assert steps_left(cfg, rd) == 380
+    attempts = [AttemptRecord.from_json({"attempt": 0, "outcome": "stopped", "progress": done})]
+    assert kept_step(attempts) == 120 and steps_left(cfg, kept_step(attempts)) == 380
     # Synthetic data: epochs x whole global batches of the training set.
     epochs = compose_config(*RANGE, "trainer.max_epochs=2", "data.num_samples=10000", "trainer.batch_size=32")
-    assert steps_left(epochs, RunDir(tmp_path / "fresh")) == 2 * (9000 // 512)
+    assert steps_left(epochs, 0) == 2 * (9000 // 512)
     # A data set of the user's is sized only when it is built.
     users = compose_config(
         *RANGE,
@@ -82,7 +81,7 @@ def test_steps_left_count_from_the_newest_checkpoint(tmp_path: Path) -> None:
         "data.dataset={_target_: torch.utils.data.TensorDataset}",
         "data.input_shape=[4]",
     )
-    assert steps_left(users, RunDir(tmp_path / "fresh")) is None
+    assert steps_left(users, 0) is None
 
 
 SBATCH = """\
