@@ -284,6 +284,10 @@ class ClusterConfig(Checked):
     """Wall-clock limit of the job (Slurm's --time, rounded up to whole minutes); the job is ended after it."""
     failure_grace_s: float = 15.0
     """After one rank fails, how long the others get to exit on their own before they are killed."""
+    status_every_s: float = 10.0
+    """How often each node's summary of its ranks (``status/node_<host>.json``: states, steps, progress) is
+    rewritten in the run dir while it trains: one file update per node per period, whatever the ranks per node;
+    a rank's start and end reach it at once. ``jobs status`` and the goodput ledger see steps this late at most."""
     signal: str = "USR2"
     """Signal Slurm sends to the ranks before the time limit (USR2: NCCL can swallow USR1); one of STOP_SIGNALS,
     which every rank catches as its notice to checkpoint and stop."""
@@ -319,6 +323,7 @@ class ClusterConfig(Checked):
         )
         self._bounded("timeout_min", 0.0, YEAR_MIN, 60, above=True, why="365 days")
         self._bounded("failure_grace_s", 0.0, YEAR_S, 15, why="365 days")
+        self._bounded("status_every_s", 0.5, 3600.0, 10, why="an hour")
         self._check_signal()
         self._check_pack()
         if self.gpus_per_node:  # on every launcher: the local one gives its ranks gpus_per_node GPUs too

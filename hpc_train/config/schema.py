@@ -105,6 +105,7 @@ RESUME_SAFE_KEYS = (
     "tracking.wandb.entity",
     "cluster.timeout_min",
     "cluster.failure_grace_s",
+    "cluster.status_every_s",
     "cluster.slurm.submit",
     "cluster.slurm.dry_run",
     "cluster.slurm.wait",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hostlist as _hostlist
 
-__all__ = ["expand_hostlist", "parse_tasks_per_node"]
+__all__ = ["compress_hostlist", "expand_hostlist", "parse_tasks_per_node"]
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -28,6 +28,14 @@ def expand_hostlist(expr: str) -> list[str]:
     if not hosts or any(not h for h in hosts):
         raise ValueError(f"invalid Slurm hostlist {expr!r}: it names an empty host")
     return hosts
+
+
+def compress_hostlist(hosts: list[str]) -> str:
+    """The Slurm hostlist expression of ``hosts`` (``node[1-3,7]``), as ``scontrol show hostlist`` writes it:
+    sorted, duplicates dropped. What a log says instead of a line per host."""
+    if not hosts:
+        return ""
+    return str(_hostlist.collect_hostlist(hosts))
 
 
 def parse_tasks_per_node(expr: str) -> list[int]:

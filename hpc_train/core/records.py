@@ -6,6 +6,7 @@ versions wrote: a key they did not write yet is optional. A value of the wrong t
 ``RecordError`` that names the key, the value and what it should hold. ``salvage`` keeps what is whole of a
 damaged record and says what was not: that is what ``jobs status`` lists under "damaged records".
 
+    status/node_<host>.json    NodeSummary: the RankStatus and Progress of each rank of one node
     status/rank_<r>.json       RankStatus (its state a RankState)
     status/progress_<r>.json   Progress
     status/attempts.json       [AttemptRecord]: its AttemptOutcome, its Progress, and its Failure if it failed
@@ -39,6 +40,7 @@ __all__ = [
     "BadNode",
     "Failure",
     "Growth",
+    "NodeSummary",
     "Progress",
     "RankState",
     "RankStatus",
@@ -255,6 +257,8 @@ class Progress(_Record):
     """A user's script: the attempt it belongs to."""
     run: str | None = None
     """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
+    rank: int | None = None
+    """Whose it is, in a node's summary (``NodeSummary.progress``)."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "first_step": _STEP,
@@ -266,6 +270,7 @@ class Progress(_Record):
         "stop_agreed": _Key("is not true or false", _or_none(lambda v: isinstance(v, bool))),
         "attempt": _Key("is not an attempt number", _or_none(_integer)),
         "run": _Key("is not a run dir's path", _or_none(_string)),
+        "rank": _Key("is not a rank number", _or_none(_integer)),
     }
 
 
@@ -594,3 +599,40 @@ class RankStatus(_Record):
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), **self.extra}
+
+
+def _records(record: type[_Record]) -> _Key:
+    """A list of records of their own: a value of the wrong type in an entry is dropped (``salvage``); an entry
+    that is no record at all makes the whole list wrong."""
+
+    def read(entries: list[Any]) -> tuple[_Record, ...]:
+        return tuple(r for r in (record.salvage(e)[0] for e in entries) if r is not None)
+
+    return _Key(
+        f"is not a list of {record.__name__} records",
+        lambda v: isinstance(v, list) and all(record.salvage(e)[0] is not None for e in v),
+        read,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSummary(_Record):
+    """One node's ranks as the node last reported them (``status/node_<host>.json``, ``hpc_train.core.nodes``):
+    rewritten every 10 s while the node trains, at once when one of its ranks ends."""
+
+    host: str
+    time: float
+    """When it was written: when the node was last heard."""
+    run: str | None = None
+    """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
+    ranks: tuple[RankStatus, ...] = ()
+    progress: tuple[Progress, ...] = ()
+    """The progress of the node's ranks that keep one (the trainer's rank 0; each rank of a user's script)."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "host": _Key("is not a host name", _string, required=True),
+        "time": _Key("is not a time stamp (seconds since the epoch)", _number, required=True),
+        "run": _Key("is not a run dir's path", _or_none(_string)),
+        "ranks": _records(RankStatus),
+        "progress": _records(Progress),
+    }

@@ -13,7 +13,10 @@ scripts and later tools find a run's outputs by them, and every module here reac
     owner.json                 the lease of the launch or Slurm job that owns the run dir (hpc_train.core.owner)
     checkpoints/step_<9 digits>.pt   (a damaged one is renamed step_<9 digits>.pt.damaged)
     logs/rank_<r>.log          each rank's log; rank_<r>.restart<k>.log after the k-th restart
-    status/rank_<r>.json       each rank's state (a heartbeat while it trains)
+    status/node_<host>.json    each node's ranks: their states and steps, and when the node was last heard
+                               (rewritten every 10 s while it trains: hpc_train.core.nodes)
+    status/rank_<r>.json       the last word of rank 0 and of each rank that failed (the others' are in their
+                               node's summary); a rank run without a node channel writes its state here
     status/checkpoints.json    the checkpoints this run wrote, with their SHA-256: verified on load, the only ones pruned;
                                and a copy of trackers.json, made at each checkpoint
     status/restarts.json       one entry per attempt that stopped on a signal
@@ -29,7 +32,7 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
     status/cancel.json         `jobs cancel` of one member of a pack (cluster.pack): its supervisor ends it alone
     status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
-                               through hpc_train.preemption)
+                               through hpc_train.preemption), at the rank's end; while it runs, in the node's summary
     submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log (the local
                                controller's stderr, and what the launcher's watcher did)
     profile/, tensorboard/, plots/
@@ -42,8 +45,8 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -51,11 +54,13 @@ from hpc_train.core.errors import failed_step
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
 from hpc_train.core.identity import ATTEMPT_VARIABLE
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
+from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.records import (
     Allocation,
     AttemptRecord,
     BadNode,
     Growth,
+    NodeSummary,
     Progress,
     RankState,
     RankStatus,
@@ -141,6 +146,16 @@ def _checked_entries(entries: Any, path: Path, kind: type[_Record], what: str) -
     return records, damaged
 
 
+def _with_newer(statuses: dict[int, dict[str, Any]], summarised: Iterable[RankStatus]) -> dict[int, dict[str, Any]]:
+    """``statuses`` (read from the ranks' own files), each replaced by its rank's status in a node's summary
+    where that is newer."""
+    for status in summarised:
+        own = statuses[status.rank].get("time") if status.rank in statuses else None
+        if not isinstance(own, int | float) or (status.time or 0.0) > own:
+            statuses[status.rank] = status.to_json()
+    return statuses
+
+
 def run_labels(runs: Sequence[RunDir]) -> list[str]:
     """Each run's overrides less those all the runs share (what sets an element of a sweep apart), space
     separated: the names ``jobs collect`` and ``plot --compare`` give the runs ("" for a run with none)."""
@@ -154,6 +169,9 @@ class RunDir:
     """Paths inside one run directory, and the readers and writers of its files."""
 
     path: Path
+    node: NodeChannel | None = field(default=None, compare=False, repr=False)
+    """This rank's node channel (``with_node``): its statuses and progress go through its node, to
+    ``status/node_<host>.json``, instead of to a file of its own."""
 
     @staticmethod
     def holds_run(path: Path) -> bool:
@@ -470,22 +488,52 @@ class RunDir:
     def progress(self, rank: int) -> Path:
         """The steps this attempt made, with the times of its first and latest (and, from the trainer, of its
         latest checkpoint): written by the trainer's rank 0, or by a user's script through
-        ``hpc_train.preemption.should_stop(step)``."""
+        ``hpc_train.preemption.should_stop(step)``. With a node channel, it is written at the rank's end and the
+        node's summary holds it meanwhile."""
         return self.status_dir / f"progress_{rank}.json"
 
     def read_progress(self, rank: int) -> dict[str, Any]:
-        """The progress file as JSON ({} when there is none; ``progress_record`` reads it typed)."""
-        return _read_dict(self.progress(rank))
+        """The progress as JSON ({} when there is none; ``progress_record`` reads it typed)."""
+        found = self._newest_progress(rank)
+        return found.to_json() if found is not None else _read_dict(self.progress(rank))
 
     def progress_record(self, rank: int) -> Progress:
-        """The steps this attempt made (no steps when there is no file, or a damaged one)."""
-        return Progress.salvage(read_json(self.progress(rank)))[0] or Progress()
+        """The steps this attempt made (no steps when there is no record, or a damaged one)."""
+        return self._newest_progress(rank) or Progress()
+
+    def _newest_progress(self, rank: int) -> Progress | None:
+        """The newest of: this process's node channel, the nodes' summaries and the rank's own file."""
+        own = self.node.progress(rank) if self.node is not None else None
+        if own is not None:
+            return own
+        found = [Progress.salvage(read_json(self.progress(rank)))[0]]
+        found += [p for summary in self.node_summaries() for p in summary.progress if p.rank == rank]
+        return max((p for p in found if p is not None), key=lambda p: p.time or 0.0, default=None)
 
     def write_progress(self, rank: int, record: Progress | Mapping[str, Any]) -> None:
         """Write a rank's progress (a mapping must hold Progress's keys, of their types: else RecordError)."""
         progress = record if isinstance(record, Progress) else Progress.from_json(record)
+        progress = replace(progress, run=str(self.path.resolve()))
+        if self.node is not None:
+            self.node.report_progress(rank, progress)
+            return
         # Not fsync'ed: rewritten about once a second while the rank trains.
-        write_json_atomic(self.progress(rank), replace(progress, run=str(self.path.resolve())).to_json(), durable=False)
+        write_json_atomic(self.progress(rank), progress.to_json(), durable=False)
+
+    # ---- each node's summary ----------------------------------------------------------------------------------
+
+    def node_summary(self, host: str) -> Path:
+        return self.status_dir / f"node_{host}.json"
+
+    def with_node(self, *, job: str, local_ranks: int) -> RunDir:
+        """This run dir, its ranks' statuses and progress going through this node (``hpc_train.core.nodes``):
+        ``job`` names the attempt (each has a node folder of its own), ``local_ranks`` the node's ranks."""
+        return replace(self, node=NodeChannel.open(self.path, self.status_dir, job=job, local_ranks=local_ranks))
+
+    def node_summaries(self) -> list[NodeSummary]:
+        """Every node's latest summary that is whole (``checked_statuses`` lists the damaged ones)."""
+        found = (NodeSummary.salvage(read_json(p))[0] for p in sorted(self.status_dir.glob("node_*.json")))
+        return [summary for summary in found if summary is not None]
 
     @property
     def batch_exit(self) -> Path:
@@ -498,7 +546,12 @@ class RunDir:
     def write_status(self, rank: int, state: RankState | str, *, attempt: int | None = None, **extra: Any) -> None:
         """Record a rank's state with its host and pid (a string must name a RankState). ``attempt``: the
         supervisor's number for this training step (``JobIdentity.attempt``), kept when given. ``extra`` holds
-        more of RankStatus's keys, of their types (else RecordError), and any others to carry."""
+        more of RankStatus's keys, of their types (else RecordError), and any others to carry.
+
+        With a node channel the status goes to the node; the last word of rank 0 and of a rank that failed also
+        gets a file of its own (``status/rank_<r>.json``, with rank 0's progress): what scripts and people look
+        for first, a file per exception rather than per rank. So does any rank's last word that could not reach
+        its node's summary."""
         record = {
             "rank": rank,
             "state": RankState(state).value,
@@ -513,6 +566,13 @@ class RunDir:
         if attempt is not None:
             record["attempt"] = attempt
         status = RankStatus.from_json({**record, **extra})
+        if self.node is not None:
+            progress = self.node.progress(rank)  # before the report: the last rank out empties the node's folder
+            summarised = self.node.report(status)
+            if status.state.live or (summarised and rank != 0 and status.state is not RankState.FAILED):
+                return
+            if progress is not None:
+                write_json_atomic(self.progress(rank), replace(progress, rank=None).to_json(), durable=False)
         # Not fsync'ed: a status is a heartbeat, rewritten every logged row; an atomic rename is all readers need.
         write_json_atomic(self.status_path(rank), status.to_json(), durable=False)
 
@@ -531,7 +591,8 @@ class RunDir:
             if detail is None:
                 detail = carried if isinstance(carried, str) else "".join(traceback.format_exception(error)[-12:])
             error = f"{type(error).__name__}: {error}"
-        status = self._status(self.status_path(rank))  # a script's rank may have no step; a damaged record, none
+        # A script's rank may have no step; a damaged record, none.
+        status = self.node.status(rank) if self.node is not None else self._status(self.status_path(rank))
         step = status.step if status is not None and status.step is not None else 0
         self.write_status(
             rank, RankState.FAILED, attempt=attempt, error=error, traceback=detail or "", step=step, **extra
@@ -553,7 +614,8 @@ class RunDir:
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
-        for path in [*self.status_dir.glob("rank_*.json"), *self.status_dir.glob("progress_*.json")]:
+        own = ("rank_*.json", "progress_*.json", "node_*.json")
+        for path in [p for pattern in own for p in self.status_dir.glob(pattern)]:
             if self._wrote(path):
                 path.unlink(missing_ok=True)
         self.batch_exit.unlink(missing_ok=True)
@@ -571,22 +633,38 @@ class RunDir:
         return not self.status_dir.is_symlink()
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
-        """The latest status of each rank that has written one, as JSON (``rank_statuses`` reads them typed)."""
+        """The latest status of each rank that has written one, as JSON (``rank_statuses`` reads them typed):
+        from its node's summary or its own file, whichever is newer."""
         statuses: dict[int, dict[str, Any]] = {}
         for path in sorted(self.status_dir.glob("rank_*.json")):
             record = read_json(path)
             if isinstance(record, dict) and isinstance(record.get("rank"), int):
                 statuses[record["rank"]] = record
-        return statuses
+        return _with_newer(statuses, self._summarised().values())
 
     @staticmethod
     def _status(path: Path) -> RankStatus | None:
         return RankStatus.salvage(read_json(path))[0]
 
     def rank_statuses(self) -> dict[int, RankStatus]:
-        """The latest status of each rank that has written a whole one (a value of the wrong type is left out)."""
+        """The latest status of each rank that has written a whole one (a value of the wrong type is left out),
+        from its node's summary or its own file, whichever is newer."""
         found = (self._status(path) for path in sorted(self.status_dir.glob("rank_*.json")))
-        return {status.rank: status for status in found if status is not None}
+        newest = {status.rank: status for status in found if status is not None}
+        for rank, status in self._summarised().items():
+            if rank not in newest or (status.time or 0.0) > (newest[rank].time or 0.0):
+                newest[rank] = status
+        return newest
+
+    def _summarised(self) -> dict[int, RankStatus]:
+        """Each rank's newest status in the nodes' summaries (a rank moved to another node in a later attempt
+        appears in two)."""
+        newest: dict[int, RankStatus] = {}
+        for summary in self.node_summaries():
+            for status in summary.ranks:
+                if status.rank not in newest or (status.time or 0.0) > (newest[status.rank].time or 0.0):
+                    newest[status.rank] = status
+        return newest
 
     def checked_statuses(self) -> tuple[dict[int, dict[str, Any]], list[str]]:
         """Each rank's latest status as JSON (what ``read_statuses`` reads), less what is damaged, with a line
@@ -605,4 +683,9 @@ class RunDir:
                 if path.name != self.status_path(clean["rank"]).name:
                     damaged.append(f"{path}: says rank {clean['rank']}, which is not the rank its name says")
                 statuses[clean["rank"]] = clean
+        for path in sorted(self.status_dir.glob("node_*.json")):
+            record, unreadable = _load(path)
+            summary, problems = NodeSummary.salvage(record) if not unreadable else (None, [unreadable])
+            damaged += [problem if problem.startswith(str(path)) else f"{path}: {problem}" for problem in problems]
+            _with_newer(statuses, summary.ranks if summary is not None else ())
         return statuses, damaged

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         select_device,
         teardown_distributed,
     )
-    from hpc_train.distributed.table import RankRow, format_rank_table, gather_rank_table
+    from hpc_train.distributed.table import RankRow, format_rank_table, gather_rank_table, summarize_rank_table
 
 _LAZY = {
     "auto_uses_cuda": "process_group",
@@ -48,6 +48,7 @@ _LAZY = {
     "RankRow": "table",
     "format_rank_table": "table",
     "gather_rank_table": "table",
+    "summarize_rank_table": "table",
 }
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "parse_tasks_per_node",
     "resolve_environment",
     "select_device",
+    "summarize_rank_table",
     "teardown_distributed",
 ]
 

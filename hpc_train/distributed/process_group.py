@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.core.errors import DistEnvironmentError
+from hpc_train.core.textutil import number_ranges
 from hpc_train.distributed.env import DistEnv
 
 __all__ = ["auto_uses_cuda", "distributed", "init_distributed", "select_device", "teardown_distributed"]
@@ -128,6 +129,7 @@ def _where(env: DistEnv) -> str:
 
 def _rendezvous(env: DistEnv, timeout: timedelta) -> Any:
     """The TCPStore, once every rank has checked in; DistEnvironmentError naming the missing ranks otherwise."""
+    store: Any
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             env.master_addr,
@@ -144,19 +146,28 @@ def _rendezvous(env: DistEnv, timeout: timedelta) -> Any:
             f"({str(exc).splitlines()[0][:200]}). HINT: check that rank 0 started and that {env.master_addr} is "
             "reachable from this node; trainer.preflight_timeout_s sets the wait"
         ) from None
-    keys = [f"hpc_train/arrived/{r}" for r in range(env.world_size)]
-    store.set(keys[env.rank], env.hostname)
+    # One counter and one flag, not a key per rank that every rank waits on: that would be world_size**2 keys
+    # through the one store process (16 million at 4,096 ranks).
+    store.append("hpc_train/arrived", f"{env.rank},")
+    if store.add("hpc_train/count", 1) == env.world_size:
+        store.set("hpc_train/all_arrived", "1")
     try:
-        store.wait(keys, timeout)
+        store.wait(["hpc_train/all_arrived"], timeout)
     except RuntimeError:
-        arrived = [r for r, key in enumerate(keys) if store.check([key])]
-        missing = sorted(set(range(env.world_size)) - set(arrived))
-        raise DistEnvironmentError(
-            f"preflight: after {timeout.total_seconds():g}s only ranks {_ranges(arrived)} of {env.world_size} had "
-            f"reached the store at {_where(env)}; missing: ranks {_ranges(missing)}. HINT: a missing rank failed "
-            "before the rendezvous (see its log) or cannot reach the master node"
-        ) from None
+        raise DistEnvironmentError(_missing(env, store, timeout)) from None
     return store
+
+
+def _missing(env: DistEnv, store: Any, timeout: timedelta) -> str:
+    """Which ranks had reached the store when the rendezvous timed out (ranges: a line at any scale)."""
+    listed = store.get("hpc_train/arrived").decode().strip(",")
+    arrived = sorted({int(r) for r in listed.split(",") if r.isdigit()})
+    missing = sorted(set(range(env.world_size)) - set(arrived))
+    return (
+        f"preflight: after {timeout.total_seconds():g}s only ranks {_ranges(arrived)} of {env.world_size} had "
+        f"reached the store at {_where(env)}; missing: ranks {_ranges(missing)} ({len(missing)}). HINT: a missing "
+        "rank failed before the rendezvous (see its log) or cannot reach the master node"
+    )
 
 
 def _first_all_reduce(env: DistEnv, device: torch.device, timeout: timedelta) -> None:
@@ -176,7 +187,7 @@ def _first_all_reduce(env: DistEnv, device: torch.device, timeout: timedelta) ->
 
 
 def _ranges(ranks: list[int]) -> str:
-    return ",".join(str(r) for r in ranks) or "none"
+    return number_ranges(ranks) or "none"
 
 
 def teardown_distributed() -> None:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
-from hpc_train.core.textutil import format_table
+from hpc_train.core.hostlist import compress_hostlist
+from hpc_train.core.textutil import first_few, format_table, number_ranges, plural
 from hpc_train.distributed.env import DistEnv
 
-__all__ = ["RankRow", "format_rank_table", "gather_rank_table"]
+__all__ = ["FULL_TABLE_UP_TO", "RankRow", "format_rank_table", "gather_rank_table", "summarize_rank_table"]
+
+FULL_TABLE_UP_TO = 16
+"""A rank table up to this many ranks is printed whole; a larger one, a line per shape of node."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,14 @@ def _own_row(env: DistEnv, device: torch.device) -> RankRow:
 
 
 def gather_rank_table(env: DistEnv, device: torch.device) -> list[RankRow]:
-    """Every rank's row, ordered by rank (a collective: all ranks must call it)."""
-    rows: list[RankRow | None] = [None] * env.world_size
-    dist.all_gather_object(rows, _own_row(env, device))
-    assert all(r is not None for r in rows), "all_gather_object left a hole"
+    """Every rank's row, ordered by rank, on rank 0 (a collective: all ranks must call it; the others get their
+    own row only). A gather, not an all-gather: at 4,096 ranks each rank would otherwise receive 4,096 rows."""
+    own = _own_row(env, device)
+    rows: list[RankRow | None] | None = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(own, rows, dst=0)
+    if rows is None:
+        return [own]
+    assert all(r is not None for r in rows), "gather_object left a hole"
     return sorted((r for r in rows if r is not None), key=lambda r: r.rank)
 
 
@@ -71,3 +81,41 @@ _COLUMNS = [
 def format_rank_table(rows: list[RankRow]) -> str:
     """A fixed-width text table of ``rows``."""
     return format_table([title for _, title in _COLUMNS], [[getattr(row, key) for key, _ in _COLUMNS] for row in rows])
+
+
+def summarize_rank_table(rows: Sequence[RankRow], full_up_to: int = FULL_TABLE_UP_TO) -> str:
+    """The rank table in a few lines at any scale: what all ranks share, then one line per kind of node (its
+    hosts in hostlist form, ranks per node, the ranks and devices), then the ranks that differ from the rest
+    (another master, backend or source: the first few, and a count). Up to ``full_up_to`` ranks: every row."""
+    if len(rows) <= full_up_to:
+        return format_rank_table(list(rows))
+    shared = Counter((r.backend, r.master, r.source) for r in rows).most_common(1)[0][0]
+    odd = [r for r in rows if (r.backend, r.master, r.source) != shared]
+    by_host: dict[str, list[RankRow]] = {}
+    for row in rows:
+        by_host.setdefault(row.host, []).append(row)
+    kinds: dict[tuple[int, str], list[str]] = {}
+    for host, own in by_host.items():
+        devices = number_ranges(_index(r.device) for r in own) if all(":" in r.device for r in own) else ""
+        kind = own[0].device.split(":")[0] + (f":{devices}" if devices else "")
+        kinds.setdefault((len(own), kind), []).append(host)
+    lines = [
+        f"{plural(len(rows), 'rank')} on {plural(len(by_host), 'node')}; backend {shared[0]}, "
+        f"MASTER_ADDR:PORT {shared[1]}, from {shared[2]}"
+    ]
+    for (count, kind), hosts in sorted(kinds.items(), key=lambda k: -len(k[1])):
+        ranks = [r.rank for host in hosts for r in by_host[host]]
+        lines.append(
+            f"  {compress_hostlist(hosts)}: {plural(len(hosts), 'node')} x {count} ranks ({kind}), "
+            f"ranks {number_ranges(ranks)}"
+        )
+    if odd:
+        described = [f"rank {r.rank} on {r.host}: {r.backend} {r.master} from {r.source}" for r in odd]
+        lines.append(f"  differing from the rest: {first_few(described)}")
+    lines.append("  (every rank's row: rank_table.json)")
+    return "\n".join(lines)
+
+
+def _index(device: str) -> int:
+    number = device.rpartition(":")[2]
+    return int(number) if number.isdigit() else 0

@@ -49,7 +49,7 @@ from hpc_train.core.state import (
     rank_failures,
     rank_process_alive,
 )
-from hpc_train.core.textutil import PROGRESS_TTY, at_step, plural, shows_progress_bar
+from hpc_train.core.textutil import PROGRESS_TTY, at_step, number_ranges, plural, shows_progress_bar
 from hpc_train.launch.state import resume_command
 from hpc_train.launch.watcher import DONE, POLL_S, ask_ranks_to_stop, task_pids, watch
 from hpc_train.runtime import worker
@@ -355,7 +355,9 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
     if failures:
         first = failures[0]
         lines.append(f"  rank {first.rank} on {first.host} failed first: {first.summary}")
-        lines += [f"  then rank {f.rank} on {f.host}: {f.summary.splitlines()[0][:160]}" for f in failures[1:]]
+        lines += [f"  then rank {f.rank} on {f.host}: {f.summary.splitlines()[0][:160]}" for f in failures[1:5]]
+        if len(failures) > 5:
+            lines.append(f"  and {len(failures) - 5} more ranks: {number_ranges(f.rank for f in failures[5:])}")
         if first.rank == 0:  # its stderr was copied here as it came: the traceback is above, not repeated
             lines.append(f"  rank 0's output is above, and in {run_dir.rank_log(0)}")
         elif first.detail:
@@ -364,7 +366,8 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
             lines.append(first.detail.rstrip())
     missing = [r for r in range(world_size) if r not in statuses]
     if missing:
-        lines.append(f"  ranks that never started: {missing}; see {run_dir.submitit}/*_log.err")
+        named = missing if len(missing) <= 8 else f"{number_ranges(missing)} ({len(missing)} ranks)"
+        lines.append(f"  ranks that never started: {named}; see {run_dir.submitit}/*_log.err")
         if not failures and missing:
             lines.append(last_lines(paths[missing[0]].stderr))
     print("\n".join(lines), file=sys.stderr, flush=True)

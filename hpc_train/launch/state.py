@@ -27,7 +27,7 @@ from hpc_train.core.state import (
     rank_failures,
     rank_process_alive,
 )
-from hpc_train.core.textutil import at_step
+from hpc_train.core.textutil import at_step, number_ranges
 
 __all__ = [
     "ACTIVE_STATES",
@@ -141,9 +141,20 @@ def _reported_failures(statuses: dict[int, dict[str, Any]]) -> list[str]:
 def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
     """Why an ended job did not complete: ranks still marked live when it ended (killed, or never got to
     report), ranks that never started, and the failures the others reported."""
-    missing = [f"rank {rank} never started" for rank in never_started(statuses, world_size)]
+    missing = never_started(statuses, world_size)
+    never = [f"rank {missing[0]} never started"] if len(missing) == 1 else []
+    if len(missing) > 1:
+        never = [f"ranks {number_ranges(missing)} never started ({len(missing)} ranks)"]
     failures = rank_failures(statuses, gone=lambda status: True)  # the job has ended: no rank is live
-    return [str(f) for f in failures if not f.reported] + missing + [str(f) for f in failures if f.reported]
+    silent = _first_few_failures([f for f in failures if not f.reported], "ended without a word")
+    return silent + never + _first_few_failures([f for f in failures if f.reported], "failed")
+
+
+def _first_few_failures(failures: list[RankFailure], verb: str, shown: int = 5) -> list[str]:
+    """The first few failures, and a count of the rest with their ranks: a few lines at any scale."""
+    rest = failures[shown:]
+    more = [f"{len(rest)} more ranks {verb}: {number_ranges(f.rank for f in rest)}"] if rest else []
+    return [str(f) for f in failures[:shown]] + more
 
 
 def attempts_note(attempts: list[AttemptRecord]) -> str:
@@ -314,7 +325,7 @@ def _without_scheduler(
 
 def _local_failure(run_dir: RunDir, failures: list[RankFailure], running: list[int]) -> str:
     """Which ranks failed or died, and what to do: cancel the ranks left, or resume from the last checkpoint."""
-    notes = [str(f) for f in failures]
+    notes = _first_few_failures(failures, "failed or ended without a word")
     if any(not f.reported for f in failures):
         notes.append("a local rank that ends without a word was killed (SIGKILL, out of memory, its terminal closed)")
     checkpoints = run_dir.checkpoint_files()

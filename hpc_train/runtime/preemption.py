@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.core.identity import JobIdentity
+from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.stopping import StopSignals
 
@@ -177,4 +178,5 @@ def _report(step: int, stopped: bool) -> None:
         "stop_agreed": stopped,
         "attempt": restart_count(),
     }
-    RunDir(Path(run_dir)).write_progress(int(rank), record)
+    rd = RunDir(Path(run_dir))
+    RunDir(rd.path, node=NodeChannel.from_environ(rd.path, rd.status_dir)).write_progress(int(rank), record)

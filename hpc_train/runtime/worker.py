@@ -45,26 +45,55 @@ __all__ = ["main", "run"]
 def run(run_dir: str | Path, attempt: int = 0) -> None:
     """Train the job described by ``<run_dir>/config.yaml`` as this process's rank; ``attempt`` is the number
     a local launcher gives a resumed run (on Slurm, the supervisor's HPC_TRAIN_ATTEMPT counts instead)."""
-    rd = RunDir(Path(run_dir))
     with Startup() as startup:
         env = resolve_environment()
         job = JobIdentity.from_environ(launched=attempt)
-        # Before the slow imports: launchers watch it.
-        rd.write_status(env.rank, RankState.STARTING, attempt=job.stamp, restart=job.attempt)
-        try:
-            setup_logging(rd, env, job.attempt)
-            outcome = _run(rd, env, job, startup)
-        except ScriptError as exc:
-            # The script printed its own traceback, and the launcher prints the summary: ours, which says
-            # nothing about the user's code, goes to the rank's log only, and the rank ends with status 1.
-            rd.write_failure(env.rank, exc, attempt=job.stamp)
-            with rd.rank_log(env.rank, job.attempt).open("a") as stream:
-                stream.write(f"hpc_train: {exc}\nhpc_train: where the worker saw it:\n{traceback.format_exc()}")
-            raise SystemExit(1) from None
-        except BaseException as exc:
-            rd.write_failure(env.rank, exc, attempt=job.stamp)
-            raise
+        rd = RunDir(Path(run_dir)).with_node(job=_launch_key(env, job), local_ranks=env.local_world_size)
+        with _node_reporting(rd):
+            _run_rank(rd, env, job, startup)
+
+
+def _run_rank(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> None:
+    """This rank's life, from its first status to its last."""
+    # Before the slow imports: launchers watch it.
+    rd.write_status(env.rank, RankState.STARTING, attempt=job.stamp, restart=job.attempt)
+    try:
+        setup_logging(rd, env, job.attempt)
+        outcome = _run(rd, env, job, startup)
+    except ScriptError as exc:
+        # The script printed its own traceback, and the launcher prints the summary: ours, which says
+        # nothing about the user's code, goes to the rank's log only, and the rank ends with status 1.
+        rd.write_failure(env.rank, exc, attempt=job.stamp)
+        with rd.rank_log(env.rank, job.attempt).open("a") as stream:
+            stream.write(f"hpc_train: {exc}\nhpc_train: where the worker saw it:\n{traceback.format_exc()}")
+        raise SystemExit(1) from None
+    except BaseException as exc:
+        rd.write_failure(env.rank, exc, attempt=job.stamp)
+        raise
     rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
+
+
+def _launch_key(env: DistEnv, job: JobIdentity) -> str:
+    """What the ranks of one node in one attempt share, and no other attempt does: the job (Slurm's, else the
+    local launcher's), the step, the attempt."""
+    launch = job.job_id or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return f"{launch or env.master_port}.{os.environ.get('SLURM_STEP_ID', '')}.{job.attempt}"
+
+
+@contextmanager
+def _node_reporting(rd: RunDir) -> Iterator[None]:
+    """The rank takes part in reporting its node (``hpc_train.core.nodes``); the processes it starts (a user's
+    script) find the node's folder in NODE_DIR_VARIABLE."""
+    from hpc_train.core.nodes import NODE_DIR_VARIABLE
+
+    assert rd.node is not None
+    os.environ[NODE_DIR_VARIABLE] = str(rd.node.folder)
+    rd.node.start()
+    try:
+        yield
+    finally:
+        rd.node.close()
+        os.environ.pop(NODE_DIR_VARIABLE, None)
 
 
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
@@ -72,6 +101,8 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
     from hpc_train.config.shape import NODES_VARIABLE, on_nodes
 
     cfg = load_config(rd.config)
+    if rd.node is not None:
+        rd.node.every_s = cfg.cluster.status_every_s
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
@@ -153,7 +184,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
     import logging
 
     from hpc_train.config.shape import ASKED_VARIABLE
-    from hpc_train.distributed import format_rank_table, gather_rank_table
+    from hpc_train.distributed import gather_rank_table, summarize_rank_table
 
     rows = gather_rank_table(env, device)
     if env.is_main:
@@ -163,7 +194,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
             attempt,
             plural(len(rows), "rank"),
             f"; {asked}" if asked else "",
-            format_rank_table(rows),
+            summarize_rank_table(rows),
         )
         extra = {"attempt": attempt, "asked": asked} if asked else {"attempt": attempt}
         rd.write_rank_table([row.as_dict() | extra for row in rows])

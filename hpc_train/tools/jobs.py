@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,11 +26,13 @@ from typing import Any
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write, read_json
+from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
+from hpc_train.core.nodes import NODE_EVERY_S
 from hpc_train.core.records import AttemptRecord
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
-from hpc_train.core.textutil import format_table
+from hpc_train.core.textutil import format_table, number_ranges, plural
 from hpc_train.launch.state import JobState, job_state
 
 __all__ = ["main"]
@@ -142,6 +145,37 @@ def _failure_tail(run_dir: RunDir, attempts: list[AttemptRecord], lines: int = 8
     return head + ("\n" + tail if tail else "")
 
 
+SILENT_AFTER_S = 3 * NODE_EVERY_S
+"""A node with live ranks whose summary is older than this has stopped being heard."""
+
+
+def nodes_heard(run_dir: RunDir, now: float, shown: int = 5) -> list[str]:
+    """When the nodes whose ranks have not ended were last heard: one line for all of them, then the first few
+    that have been silent for SILENT_AFTER_S (a node that died: its summary says when it was last heard) and a
+    count of the rest."""
+    newest = run_dir.rank_statuses()  # a node of an earlier attempt whose ranks since reported elsewhere: not live
+    live = [s for s in run_dir.node_summaries() if any(r.state.live and newest.get(r.rank) == r for r in s.ranks)]
+    if not live:
+        return []
+    ages = [now - s.time for s in live]
+    lines = [f"{run_dir.path}: {plural(len(live), 'node')}, last heard {min(ages):.0f}-{max(ages):.0f} s ago"]
+    silent = sorted((s for s in live if now - s.time > SILENT_AFTER_S), key=lambda s: s.time)
+    for node in silent[:shown]:
+        ranks = [r for r in node.ranks if r.state.live and newest.get(r.rank) == r]
+        steps = [r.step for r in ranks if r.step is not None]
+        at = f" at step {max(steps)}" if steps else ""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
+        lines.append(
+            f"{node.host}: silent, last heard {now - node.time:.0f} s ago ({when}); ranks "
+            f"{number_ranges(r.rank for r in ranks)} were {'/'.join(sorted({r.state.value for r in ranks}))}{at}"
+        )
+    if len(silent) > shown:
+        lines.append(
+            f"and {len(silent) - shown} more silent nodes: {compress_hostlist([s.host for s in silent[shown:]])}"
+        )
+    return lines
+
+
 def _step(state: JobState) -> int:
     """The furthest step a rank reported (0 before any; a status without a step number counts for none)."""
     steps = [s["step"] for s in state.ranks.values() if isinstance(s.get("step"), int)]
@@ -158,7 +192,7 @@ DAMAGED_HINT = (
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
-    rows, failures, damaged, unreadable, timelines = [], [], [], [], []
+    rows, failures, damaged, unreadable, timelines, heard = [], [], [], [], [], []
     records: list[dict[str, Any]] = []
     goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
     packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
@@ -187,6 +221,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if tail:
             failures.append(tail)
         timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
+        heard += nodes_heard(rd, time.time())
         damaged += state.damaged
         records.append(
             {
@@ -219,6 +254,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if failures:
             print("\nfailures (class, rank, host, traceback tail):")
             print("\n".join(failures))
+        if heard:
+            print("\nnodes whose ranks have not said they ended (each node's summary, status/node_<host>.json):")
+            print("\n".join(f"  {line}" for line in heard))
         packs = _pack_lines(pack_ledgers)
         if timelines or packs:
             print("\nwhere the time went:")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_early_stopping_stops_every_rank_at_the_same_step(run_cli) -> None:  # t
     ok(proc)
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows[-1]["step"] == 6 and rows[-1]["early_stop"] is True
-    statuses = [json.loads((run_dir / f"status/rank_{r}.json").read_text()) for r in (0, 1)]
+    statuses = [RunDir(run_dir).read_statuses()[r] for r in (0, 1)]  # rank 1's: in its node's summary
     assert [(s["state"], s["step"]) for s in statuses] == [("completed", 6), ("completed", 6)]
     best = torch.load(run_dir / "model_best.pt", weights_only=True)
     assert best.keys() == weights(run_dir).keys()
@@ -92,6 +93,7 @@ def test_one_process_strategies(run_cli, strategy: str) -> None:  # type: ignore
     assert len(json.loads((run_dir / "rank_table.json").read_text())) == 1
     assert sorted(p.name for p in (run_dir / "status").iterdir()) == [
         "checkpoints.json",
+        f"node_{socket.gethostname()}.json",  # the node's summary of its ranks
         "progress_0.json",
         "rank_0.json",
     ]

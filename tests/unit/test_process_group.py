@@ -11,12 +11,14 @@ import torch.distributed as dist
 from hpc_train.core.errors import DistEnvironmentError
 from hpc_train.distributed import (
     DistEnv,
+    RankRow,
     auto_uses_cuda,
     distributed,
     format_rank_table,
     gather_rank_table,
     resolve_environment,
     select_device,
+    summarize_rank_table,
     teardown_distributed,
 )
 
@@ -126,3 +128,37 @@ def test_teardown_after_failure() -> None:
     ):
         raise RuntimeError("boom")
     assert not dist.is_initialized()
+
+
+def _row(host: str, rank: int, local: int, device: str = "cpu", master: str = "n001:29500") -> RankRow:
+    return RankRow(
+        host=host,
+        rank=rank,
+        local_rank=local,
+        node=rank // 4,
+        device=device,
+        backend="nccl",
+        master=master,
+        source="slurm",
+        pid=1,
+        cuda_visible_devices="",
+    )
+
+
+def test_a_large_rank_table_is_a_few_lines_in_hostlist_form_with_the_exceptions_named() -> None:
+    rows = [_row(f"n{n + 1:03d}", n * 4 + g, g, f"cuda:{g}") for n in range(256) for g in range(4)]
+    rows[-1] = _row("n256", 1023, 3, "cuda:3", master="n999:29500")  # disagrees on the master
+    rows = [r for r in rows if r.rank != 1022]  # a node that runs 3 ranks
+    text = summarize_rank_table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 5, text
+    assert lines[0] == "1023 ranks on 256 nodes; backend nccl, MASTER_ADDR:PORT n001:29500, from slurm"
+    assert lines[1] == "  n[001-255]: 255 nodes x 4 ranks (cuda:0-3), ranks 0-1019"
+    assert lines[2] == "  n256: 1 node x 3 ranks (cuda:0,1,3), ranks 1020,1021,1023"
+    assert lines[3] == "  differing from the rest: rank 1023 on n256: nccl n999:29500 from slurm"
+    assert "rank_table.json" in lines[4]
+
+
+def test_a_small_rank_table_is_printed_whole() -> None:
+    rows = [_row("a", 0, 0), _row("b", 1, 0)]
+    assert summarize_rank_table(rows) == format_rank_table(rows)
