@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.core.files import read_json, write_json_atomic
-from hpc_train.core.records import NodeSummary, Progress, RankStatus
+from hpc_train.core.records import NodeSummary, Progress, RankStatus, StartupProfile
 
 __all__ = ["NODE_DIR_VARIABLE", "NODE_EVERY_S", "SOON_S", "NodeChannel", "node_base"]
 
@@ -108,6 +108,10 @@ class NodeChannel:
     def report_progress(self, rank: int, progress: Progress) -> None:
         write_json_atomic(self.folder / f"progress_{rank}.json", replace(progress, rank=rank).to_json(), durable=False)
 
+    def report_startup(self, profile: StartupProfile) -> None:
+        """Where a rank's start-up went: in the node's next summary (``jobs status`` shows the slowest rank)."""
+        write_json_atomic(self.folder / f"startup_{profile.rank}.json", profile.to_json(), durable=False)
+
     def status(self, rank: int) -> RankStatus | None:
         """The rank's latest status on this node."""
         return RankStatus.salvage(read_json(self.folder / f"rank_{rank}.json"))[0]
@@ -121,12 +125,14 @@ class NodeChannel:
         """The node's ranks as its folder holds them now."""
         ranks = [self.status(int(p.stem[5:])) for p in self.folder.glob("rank_*.json") if p.stem[5:].isdigit()]
         progress = [Progress.salvage(read_json(p))[0] for p in self.folder.glob("progress_*.json")]
+        startup = [StartupProfile.salvage(read_json(p))[0] for p in self.folder.glob("startup_*.json")]
         return NodeSummary(
             host=self.host,
             time=time.time(),
             run=self.run,
             ranks=tuple(sorted((r for r in ranks if r is not None), key=lambda r: r.rank)),
             progress=tuple(sorted((p for p in progress if p is not None), key=lambda p: p.rank or 0)),
+            startup=tuple(sorted((p for p in startup if p is not None), key=lambda p: p.rank)),
         )
 
     def flush(self) -> NodeSummary | None:

@@ -47,6 +47,7 @@ __all__ = [
     "RecordError",
     "RequeueEntry",
     "Reshape",
+    "StartupProfile",
     "TrackerRun",
 ]
 
@@ -616,6 +617,68 @@ def _records(record: type[_Record]) -> _Key:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StartupProfile(_Record):
+    """Where one rank's start-up went, phase by phase, in seconds (``NodeSummary.startup``, and the rank's log).
+    A phase the rank did not go through (a user's script builds no model) is None."""
+
+    rank: int
+    host: str = ""
+    interpreter_s: float | None = None
+    """From the process's start to the worker's first line: the interpreter and hpc_train's own imports."""
+    resolve_s: float | None = None
+    """Rank resolution, the node channel and the first status."""
+    imports_s: float | None = None
+    """The config, torch and the device."""
+    rendezvous_s: float | None = None
+    """The TCP store: mostly the wait for every other rank to arrive."""
+    process_group_s: float | None = None
+    """init_process_group and the preflight's first all-reduce."""
+    data_s: float | None = None
+    """The rank table, the trainer's datasets and loaders."""
+    model_s: float | None = None
+    """The model built and wrapped (DDP), the optimizer and the rest of the trainer."""
+    first_step_s: float | None = None
+    """The first optimizer step."""
+
+    PHASES: ClassVar[tuple[str, ...]] = (
+        "interpreter",
+        "resolve",
+        "imports",
+        "rendezvous",
+        "process_group",
+        "data",
+        "model",
+        "first_step",
+    )
+    OWN: ClassVar[tuple[str, ...]] = ("resolve", "process_group", "data", "model")
+    """The phases that are hpc_train's own work: not the imports, the wait for other ranks nor the compute."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "rank": _Key("is not a rank number", _integer, required=True),
+        "host": _Key("is not a host name", _string),
+        **{f"{phase}_s": _SECONDS for phase in PHASES},
+    }
+
+    def seconds(self, phase: str) -> float | None:
+        value: float | None = getattr(self, f"{phase}_s")
+        return value
+
+    @property
+    def own_s(self) -> float:
+        return sum(self.seconds(p) or 0.0 for p in self.OWN)
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds(p) or 0.0 for p in self.PHASES)
+
+    def describe(self) -> str:
+        """``start-up 4.2 s: interpreter 0.3, resolve 0.01, ... (hpc_train's own 0.21 s)``."""
+        done = [(p.replace("_", " "), self.seconds(p)) for p in self.PHASES if self.seconds(p) is not None]
+        phases = ", ".join(f"{name} {value:.2f}" for name, value in done)
+        return f"start-up {self.total_s:.2f} s: {phases} (hpc_train's own {self.own_s:.2f} s)"
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeSummary(_Record):
     """One node's ranks as the node last reported them (``status/node_<host>.json``, ``hpc_train.core.nodes``):
     rewritten every 10 s while the node trains, at once when one of its ranks ends."""
@@ -628,6 +691,8 @@ class NodeSummary(_Record):
     ranks: tuple[RankStatus, ...] = ()
     progress: tuple[Progress, ...] = ()
     """The progress of the node's ranks that keep one (the trainer's rank 0; each rank of a user's script)."""
+    startup: tuple[StartupProfile, ...] = ()
+    """Where each rank's start-up went (once it reached its first step)."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "host": _Key("is not a host name", _string, required=True),
@@ -635,4 +700,5 @@ class NodeSummary(_Record):
         "run": _Key("is not a run dir's path", _or_none(_string)),
         "ranks": _records(RankStatus),
         "progress": _records(Progress),
+        "startup": _records(StartupProfile),
     }

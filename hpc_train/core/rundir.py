@@ -66,6 +66,7 @@ from hpc_train.core.records import (
     RankStatus,
     RequeueEntry,
     Reshape,
+    StartupProfile,
     TrackerRun,
 )
 from hpc_train.core.state import check_status, process_start
@@ -529,6 +530,13 @@ class RunDir:
         """This run dir, its ranks' statuses and progress going through this node (``hpc_train.core.nodes``):
         ``job`` names the attempt (each has a node folder of its own), ``local_ranks`` the node's ranks."""
         return replace(self, node=NodeChannel.open(self.path, self.status_dir, job=job, local_ranks=local_ranks))
+
+    def startup_profiles(self) -> dict[int, StartupProfile]:
+        """Where each rank's start-up went, from the newest node summary that has it."""
+        profiles: dict[int, StartupProfile] = {}
+        for summary in sorted(self.node_summaries(), key=lambda s: s.time):
+            profiles.update((p.rank, p) for p in summary.startup)
+        return profiles
 
     def node_summaries(self) -> list[NodeSummary]:
         """Every node's latest summary that is whole (``checked_statuses`` lists the damaged ones)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -81,13 +81,18 @@ def auto_uses_cuda(env: DistEnv) -> bool:
 
 
 def init_distributed(
-    env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None
+    env: DistEnv,
+    device: torch.device,
+    timeout: timedelta,
+    preflight: timedelta | None = None,
+    on_rendezvous: Callable[[], None] | None = None,
 ) -> None:
     """Create the default process group: nccl for GPUs, gloo for CPUs; ``timeout`` bounds every collective.
 
     A one-process job uses an in-memory store, so it binds no port and works where networking is locked down.
     Before that, a preflight (bounded by ``preflight``, default ``timeout``) checks that every rank reached the
     store, then that a tiny all-reduce goes through; a failure names the ranks that arrived and the address.
+    ``on_rendezvous`` is called once every rank has reached the store (the start-up profile's mark).
     """
     preflight = preflight or timeout
     if dist.is_initialized():
@@ -102,6 +107,8 @@ def init_distributed(
     else:
         store = _rendezvous(env, preflight)
         store.set_timeout(timeout)
+    if on_rendezvous is not None:
+        on_rendezvous()
     log.info(
         "init_process_group: backend=%s rank=%d world_size=%d store=%s:%d timeout=%ss",
         backend,
@@ -198,10 +205,14 @@ def teardown_distributed() -> None:
 
 @contextmanager
 def distributed(
-    env: DistEnv, device: torch.device, timeout: timedelta, preflight: timedelta | None = None
+    env: DistEnv,
+    device: torch.device,
+    timeout: timedelta,
+    preflight: timedelta | None = None,
+    on_rendezvous: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """``init_distributed`` on entry, ``teardown_distributed`` on exit, whatever happens in between."""
-    init_distributed(env, device, timeout, preflight)
+    init_distributed(env, device, timeout, preflight, on_rendezvous)
     try:
         yield
     finally:

@@ -1,23 +1,53 @@
 """What the runtime watches of training (``StepObserver``s the worker composes and passes to the trainer):
-the watchdog's kick, the rank's heartbeat status, rank 0's goodput progress file and rank 0's trackers."""
+the start-up profile, the watchdog's kick, the rank's heartbeat status, rank 0's goodput progress file and rank
+0's trackers."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_train.core.records import Progress
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.tracking import TrackerLog
-from hpc_train.train.hooks import StepObserver
+from hpc_train.train.hooks import BUILDING_MODEL, STARTING_FIT, StepObserver
 from hpc_train.train.watchdog import Watchdog
 
-__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile", "TrackerRows"]
+if TYPE_CHECKING:
+    from hpc_train.runtime.startup import Startup
+
+__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile", "StartupMarks", "TrackerRows"]
 
 PROGRESS_EVERY_S = 1.0
 """How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
+
+
+class StartupMarks(StepObserver):
+    """The trainer's part of the start-up profile (data ready, model built, first step); at the first step, the
+    whole profile goes to the rank's log and, through its node, to the run dir (``jobs status``)."""
+
+    MARKS: Mapping[str, str] = {BUILDING_MODEL: "data", STARTING_FIT: "model"}
+
+    def __init__(self, startup: Startup, run_dir: RunDir, rank: int, host: str) -> None:
+        self.startup, self.run_dir, self.rank, self.host = startup, run_dir, rank, host
+        self._reported = False
+
+    def on_phase(self, name: str) -> None:
+        if name in self.MARKS:
+            self.startup.mark(self.MARKS[name])
+
+    def on_step(self, step: int) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        self.startup.mark("first_step")
+        profile = self.startup.profile(self.rank, self.host)
+        logging.getLogger("hpc_train").info("%s", profile.describe())
+        if self.run_dir.node is not None:
+            self.run_dir.node.report_startup(profile)
 
 
 class Kicks(StepObserver):

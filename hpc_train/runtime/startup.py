@@ -1,17 +1,21 @@
 """Start-up, in one place: stop signals caught from the first line, the garbage collector during start-up, the
-thread count, the device."""
+thread count, the device, and where the time went (``StartupProfile``)."""
 
 from __future__ import annotations
 
 import gc
 import multiprocessing.process
+import os
 import shutil
 import signal
 import tempfile
+import time
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from hpc_train.config import Config
+from hpc_train.core.records import StartupProfile
 from hpc_train.distributed import DistEnv
 from hpc_train.train.stopping import EARLY_STOP_SIGNALS, StopSignals
 
@@ -33,6 +37,9 @@ class Startup:
     """
 
     def __init__(self) -> None:
+        self.marks: dict[str, float] = {"interpreter": time.time()}
+        """When each phase of ``StartupProfile.PHASES`` ended (seconds since the epoch); the process's start is
+        where the first began."""
         self._was_enabled = False
         self._done = False
         self._tempdir = ""
@@ -50,6 +57,24 @@ class Startup:
         self._was_enabled = gc.isenabled()
         gc.disable()
         return self
+
+    def mark(self, phase: str) -> None:
+        """``phase`` (one of StartupProfile.PHASES) ends now; a phase marked again keeps its first end."""
+        assert phase in StartupProfile.PHASES, phase
+        self.marks.setdefault(phase, time.time())
+
+    def profile(self, rank: int, host: str) -> StartupProfile:
+        """The phases marked so far, each from the end of the one before it that was marked."""
+        seconds: dict[str, float] = {}
+        before = process_started_at()
+        for phase in StartupProfile.PHASES:
+            end = self.marks.get(phase)
+            if end is None:
+                continue
+            if before is not None:
+                seconds[f"{phase}_s"] = round(max(0.0, end - before), 4)
+            before = end
+        return StartupProfile(rank=rank, host=host, **seconds)
 
     @property
     def stop_received(self) -> int:
@@ -97,3 +122,15 @@ def _own_multiprocessing_tempdir() -> str:
         return ""
     config["tempdir"] = tempfile.mkdtemp(prefix="pymp-hpc_train-")
     return str(config["tempdir"])
+
+
+def process_started_at() -> float | None:
+    """When this process started, in seconds since the epoch (None without /proc): its start in clock ticks
+    after boot (/proc/self/stat) set against the time since boot (/proc/uptime, to 10 ms; /proc/stat's boot
+    time is in whole seconds)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))

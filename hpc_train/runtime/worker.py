@@ -57,6 +57,7 @@ def _run_rank(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> N
     """This rank's life, from its first status to its last."""
     # Before the slow imports: launchers watch it.
     rd.write_status(env.rank, RankState.STARTING, attempt=job.stamp, restart=job.attempt)
+    startup.mark("resolve")
     try:
         setup_logging(rd, env, job.attempt)
         outcome = _run(rd, env, job, startup)
@@ -141,14 +142,20 @@ def _train(
     from hpc_train.distributed import distributed
 
     device = startup.device(cfg, env)
+    startup.mark("imports")
     fault = armed_fault(attempt=job.attempt)
     if fault is not None:
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
-    with _guards(rd, env, cfg, job, startup) as (stop, watchdog), distributed(env, device, *timeouts):
+    with (
+        _guards(rd, env, cfg, job, startup) as (stop, watchdog),
+        distributed(env, device, *timeouts, on_rendezvous=lambda: startup.mark("rendezvous")),
+    ):
+        startup.mark("process_group")
         _publish_rank_table(rd, env, device, job.attempt)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
-        return _fit(rd, env, cfg, device, stop, _observers(rd, env, job, watchdog, fault, trackers), startup)
+        observers = _observers(rd, env, job, watchdog, fault, trackers, startup)
+        return _fit(rd, env, cfg, device, stop, observers, startup)
 
 
 @contextmanager
@@ -201,17 +208,25 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
 
 
 def _observers(
-    rd: RunDir, env: DistEnv, job: JobIdentity, watchdog: Watchdog, fault: Fault | None, trackers: TrackerLog | None
+    rd: RunDir,
+    env: DistEnv,
+    job: JobIdentity,
+    watchdog: Watchdog,
+    fault: Fault | None,
+    trackers: TrackerLog | None,
+    startup: Startup,
 ) -> StepObserver:
-    """What watches the trainer: rank 0's goodput progress file, the watchdog, the heartbeat status, rank 0's
-    trackers, and a test's fault (in that order: a fault at step N fires after step N is on record)."""
-    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, TrackerRows
+    """What watches the trainer: the start-up profile, rank 0's goodput progress file, the watchdog, the
+    heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
+    is on record)."""
+    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, TrackerRows
     from hpc_train.train.hooks import Observers
 
     progress = [ProgressFile(rd, env.rank)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
-    return Observers(*progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *faults)
+    marks = StartupMarks(startup, rd, env.rank, env.hostname)
+    return Observers(marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *faults)
 
 
 def _fit(

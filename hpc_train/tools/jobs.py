@@ -29,7 +29,7 @@ from hpc_train.core.files import atomic_write, read_json
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.nodes import NODE_EVERY_S
-from hpc_train.core.records import AttemptRecord
+from hpc_train.core.records import AttemptRecord, StartupProfile
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table, number_ranges, plural
@@ -176,6 +176,31 @@ def nodes_heard(run_dir: RunDir, now: float, shown: int = 5) -> list[str]:
     return lines
 
 
+def startup_maxima(run_dir: RunDir) -> dict[str, tuple[float, StartupProfile]]:
+    """For each start-up phase (and hpc_train's own part, ``own``), its longest time and the rank it was on."""
+    profiles = list(run_dir.startup_profiles().values())
+    maxima: dict[str, tuple[float, StartupProfile]] = {}
+    for phase in [*StartupProfile.PHASES, "own"]:
+        timed = [(p.own_s if phase == "own" else p.seconds(phase), p) for p in profiles]
+        found = [(s, p) for s, p in timed if s is not None]
+        if found:
+            maxima[phase] = max(found, key=lambda item: item[0])
+    return maxima
+
+
+def slowest_startup(run_dir: RunDir) -> str:
+    """``interpreter 0.42 (rank 3, node2), ...`` over every rank that reported its start-up ('' before any)."""
+    maxima = startup_maxima(run_dir)
+    if not maxima:
+        return ""
+    count = len(run_dir.startup_profiles())
+    phases = ", ".join(
+        f"{'hpc_train own' if phase == 'own' else phase.replace('_', ' ')} {s:.2f} (rank {p.rank}, {p.host})"
+        for phase, (s, p) in maxima.items()
+    )
+    return f"{plural(count, 'rank')}: {phases}"
+
+
 def _step(state: JobState) -> int:
     """The furthest step a rank reported (0 before any; a status without a step number counts for none)."""
     steps = [s["step"] for s in state.ranks.values() if isinstance(s.get("step"), int)]
@@ -192,7 +217,7 @@ DAMAGED_HINT = (
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
-    rows, failures, damaged, unreadable, timelines, heard = [], [], [], [], [], []
+    rows, failures, damaged, unreadable, timelines, heard, startups = [], [], [], [], [], [], []
     records: list[dict[str, Any]] = []
     goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
     packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
@@ -222,6 +247,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             failures.append(tail)
         timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
         heard += nodes_heard(rd, time.time())
+        slowest = slowest_startup(rd)
+        if slowest:
+            startups.append(f"{rd.path}: {slowest}")
         damaged += state.damaged
         records.append(
             {
@@ -240,6 +268,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 "squeue": state.squeue,
                 "sacct": state.sacct,
                 "damaged": state.damaged,
+                "startup": {p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in startup_maxima(rd).items()},
             }
         )
     pack_ledgers = _pack_ledgers(packed, goodputs)
@@ -257,6 +286,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if heard:
             print("\nnodes whose ranks have not said they ended (each node's summary, status/node_<host>.json):")
             print("\n".join(f"  {line}" for line in heard))
+        if startups:
+            print("\nstart-up, the slowest rank of each phase (seconds):")
+            print("\n".join(f"  {line}" for line in startups))
         packs = _pack_lines(pack_ledgers)
         if timelines or packs:
             print("\nwhere the time went:")

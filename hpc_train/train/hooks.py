@@ -11,7 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-__all__ = ["FitResult", "Observers", "Serialize", "StepObserver"]
+__all__ = ["BUILDING_MODEL", "STARTING_FIT", "FitResult", "Observers", "Serialize", "StepObserver"]
+
+BUILDING_MODEL = "building the model"
+"""``on_phase`` while the trainer is built: its data loaders are ready, the model comes next."""
+STARTING_FIT = "starting training"
+"""``on_phase`` once the trainer is built: the model is ready, the first step comes next."""
 
 Serialize = Callable[[Any, IO[bytes]], None]
 """Writes a checkpoint's state into an open file (``torch.save``)."""

@@ -41,7 +41,7 @@ from hpc_train.train.checkpoint import (
 from hpc_train.train.data import SYNTHETIC_VERSION, make_datasets, make_loaders
 from hpc_train.train.divergence import DIVERGED_HINT, DivergenceGuard
 from hpc_train.train.early_stopping import EarlyStopping
-from hpc_train.train.hooks import FitResult, StepObserver
+from hpc_train.train.hooks import BUILDING_MODEL, STARTING_FIT, FitResult, StepObserver
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
 from hpc_train.train.optim import build_optimizer, scaled_lr
@@ -96,6 +96,7 @@ class Trainer:
         self.train_loader, self.sampler, self.val_loader, self.loader_rng = make_loaders(
             train_set, val_set, cfg.data, tc.batch_size, tc.seed, env, cuda=device.type == "cuda"
         )
+        self.observer.on_phase(BUILDING_MODEL)
         self.raw_model = build_model(cfg.model, cfg.data.input_shape, cfg.data.num_classes).to(device)
         self.model, self.no_sync = wrap_model(self.raw_model, tc.strategy, device, tc.ddp, env.world_size)
         if tc.compile:
@@ -156,6 +157,7 @@ class Trainer:
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
         self.metrics = run_dir.metrics_writer(enabled=env.is_main)  # after _resume, which may trim the file
+        self.observer.on_phase(STARTING_FIT)
 
     def _total_steps(self) -> int:
         tc = self.cfg.trainer

@@ -13,8 +13,11 @@ import pytest
 from ..conftest import REPO
 
 TESTBED = REPO / "slurm" / "testbed.sh"
-SLURM_2X2 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "data.num_samples=4096"]
-SLURM_2X1 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "data.num_samples=4096"]
+# cluster.status_every_s=1: the tests act on steps they read from the ranks' statuses (wait_for_ranks); at the
+# default 10 s a short test run could end before its statuses say the step it waits for.
+FRESH = "cluster.status_every_s=1"
+SLURM_2X2 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "data.num_samples=4096", FRESH]
+SLURM_2X1 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "data.num_samples=4096", FRESH]
 """Two nodes, one rank each: still across nodes, at half the CPU of 2 x 2 on the testbed's 2 real cores (for
 tests of a user's script, whose every rank imports its framework)."""
 """2 nodes x 2 ranks on the testbed's default partition, with data enough for several batches per rank."""

@@ -60,6 +60,7 @@ def job(
 ) -> list[str]:
     return [
         "cluster=slurm",
+        "cluster.status_every_s=1",  # cancel_at acts on the step it reads from the ranks' statuses
         f"cluster.nodes={nodes}",
         f"cluster.tasks_per_node={tasks_per_node}",
         f"data.dataset={{_target_: elastic_data.Recorded, n: {SAMPLES}, log_dir: '{log_dir}', delay_s: {delay_s}}}",

@@ -29,6 +29,7 @@ JOB = [
     "cluster.nodes=1",
     "cluster.tasks_per_node=1",
     "cluster.slurm.mem=1G",  # (a job without --mem gets all of a testbed node's memory: one job per node)
+    "cluster.status_every_s=1",  # wait_for_ranks acts on the steps the statuses say
     "data.num_samples=2048",
     "model.hidden_sizes=[512,512]",
     "model.dropout=0.1",

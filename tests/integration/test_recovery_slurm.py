@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
 JOB = [
     "cluster=slurm",
+    "cluster.status_every_s=1",  # the tests act on steps they read from the ranks' statuses
     "cluster.nodes=2",
     "cluster.tasks_per_node=2",
     "data.num_samples=4096",
