@@ -5,7 +5,10 @@
 Every piece that runs is the product's code; only the ranks are stand-ins (threads of this process: no model,
 no all-reduce, no 4,096 imports of torch). For each N it measures:
   resolve      rank resolution (``resolve_environment``) from the variables Slurm gives each rank: ms per rank
-  rendezvous   the TCP-store rendezvous of every rank (``process_group._rendezvous``): seconds until all are in
+  rendezvous   the TCP-store rendezvous of every rank (``process_group._rendezvous``): seconds until all are in.
+               torch's store clients look up a name for their logs as they connect; where the nameserver drops
+               a burst of queries (this build machine's does, past ~16 at once) each waits for the resolver's
+               timeout: 5 or 10 s here, whatever N (RES_OPTIONS='timeout:1 attempts:1' shortens it)
   status       steady training: each rank reports a heartbeat every --beat-s through its node
                (``RunDir.write_status`` with a ``NodeChannel``), one reporter per node; counted: file updates
                in the run dir's status/ per node per 10 s, beside the per-rank heartbeats that used to be files
@@ -21,6 +24,10 @@ Then it flags any figure that grows faster than linearly in N (the exponent betw
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch: thousands of store clients, one warning each
+
 import argparse
 import contextlib
 import io
@@ -31,7 +38,6 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -135,8 +141,9 @@ def rendezvous(envs: list[DistEnv]) -> float:
 
 
 class Node:
-    """One simulated node: its channel (the reporter role held by one thread, as one rank of four holds it) and
-    the run dir its ranks write through."""
+    """One simulated node: its channel and the run dir its ranks write through. Its reporter's work
+    (``NodeChannel.tick``, what the reporter thread of the rank holding the node's lock runs every 0.5 s) is
+    called by the benchmark's loop: a thousand such threads in one process would measure the GIL, not hpc_train."""
 
     def __init__(self, run: Path, shm: Path, index: int) -> None:
         self.host = host(index)
@@ -147,6 +154,7 @@ class Node:
         channel.folder.mkdir(parents=True, exist_ok=True)
         self.ranks = range(index * RANKS_PER_NODE, (index + 1) * RANKS_PER_NODE)
         self.rd = RunDir(run, node=channel)
+        self.channel = channel
 
     def beat(self, step: int, state: RankState = RankState.RUNNING) -> None:
         for rank in self.ranks:
@@ -167,24 +175,27 @@ def steady(node_list: list[Node], seconds: float, beat_s: float, every_s: float)
     nodes.write_json_atomic = counted  # type: ignore[assignment]
     try:
         for node in node_list:
-            assert node.rd.node is not None
-            node.rd.node.every_s = every_s
+            node.channel.every_s = every_s
             node.beat(0)
-        for node in node_list:
-            assert node.rd.node is not None
-            node.rd.node.start()
-        time.sleep(nodes.SOON_S * 2)  # the first summaries, with every rank running
+            node.channel.tick(time.monotonic())  # the first summary, every rank running
         writes.clear()
         beats = 0
         start = time.monotonic()
         step = 0
+        next_tick = start
         while time.monotonic() - start < seconds:
             step += 1
             round_start = time.monotonic()
             for node in node_list:
                 node.beat(step)
             beats += len(node_list) * RANKS_PER_NODE
-            time.sleep(max(0.0, beat_s - (time.monotonic() - round_start)))
+            while time.monotonic() < round_start + beat_s or time.monotonic() >= next_tick:
+                if time.monotonic() >= next_tick:
+                    now = time.monotonic()
+                    for node in node_list:
+                        node.channel.tick(now)
+                    next_tick = now + nodes.SOON_S / 2
+                time.sleep(max(0.0, min(next_tick, round_start + beat_s) - time.monotonic()))
         elapsed = time.monotonic() - start
     finally:
         nodes.write_json_atomic = real
@@ -220,18 +231,14 @@ def teardown(node_list: list[Node], rd: RunDir, world: int, timeout_s: float = 6
         if time.monotonic() > deadline:
             raise SystemExit(f"teardown: not every rank ended within {timeout_s:g}s")
         time.sleep(0.05)
-    elapsed = time.perf_counter() - start
-    for node in node_list:
-        assert node.rd.node is not None
-        node.rd.node.close()
-    return elapsed
+    return time.perf_counter() - start
 
 
 def jobs_status(rd: RunDir, world: int) -> float:
     """``jobs status --json`` of the run dir, from its config to its verdict (no job id: no squeue to ask)."""
-    cfg = compose_config(
-        "cluster=slurm", f"cluster.nodes={world // RANKS_PER_NODE}", f"cluster.tasks_per_node={RANKS_PER_NODE}"
-    )
+    shape = [f"cluster.nodes={world // RANKS_PER_NODE}", f"cluster.tasks_per_node={RANKS_PER_NODE}"]
+    data = [f"data.num_samples={world * 20}", "trainer.batch_size=1"]  # samples for every rank, validation too
+    cfg = compose_config("cluster=slurm", *shape, *data)
     rd.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(resolve(cfg))))
     with contextlib.redirect_stdout(io.StringIO()) as out:
         elapsed = timed(lambda: cmd_status([rd], as_json=True))
@@ -395,5 +402,4 @@ def _fmt(value: float) -> str:
 
 
 if __name__ == "__main__":
-    threading.stack_size(256 * 1024)  # thousands of threads: small stacks
     main()

@@ -66,8 +66,8 @@ class NodeChannel:
         self.every_s = NODE_EVERY_S
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._flushed: dict[int, str] = {}
-        """The states of the node's ranks as this process last wrote them to the summary."""
+        self._states: dict[int, str] = {}
+        """The state this process last reported for each of its ranks (a change marks the folder)."""
         self._flushed_at = 0.0
 
     @classmethod
@@ -103,7 +103,14 @@ class NodeChannel:
         have and did not (the summary's lock was held past LOCK_WAIT_S: a rank stopped in the middle of a flush):
         the caller then writes it elsewhere."""
         write_json_atomic(self.folder / f"rank_{status.rank}.json", status.to_json(), durable=False)
+        if self._states.get(status.rank) != status.state.value:
+            self._states[status.rank] = status.state.value
+            self._changed.touch()  # news for the reporter: the summary gets it within SOON_S
         return status.state.live or self.flush() is not None
+
+    @property
+    def _changed(self) -> Path:
+        return self.folder / ".changed"
 
     def report_progress(self, rank: int, progress: Progress) -> None:
         write_json_atomic(self.folder / f"progress_{rank}.json", replace(progress, rank=rank).to_json(), durable=False)
@@ -141,27 +148,26 @@ class NodeChannel:
         with self._lock("flush", LOCK_WAIT_S) as held:
             if not held:
                 return None
+            self._changed.unlink(missing_ok=True)  # before collecting: a change made meanwhile marks it again
             summary = self.collect()
             if not summary.ranks:  # the folder was emptied (every rank ended): the last summary stands
                 return None
             write_json_atomic(self.summary, summary.to_json(), durable=False)
-            self._flushed = {r.rank: r.state.value for r in summary.ranks}
             self._flushed_at = time.monotonic()
             if len(summary.ranks) >= self.local_ranks and not any(r.state.live for r in summary.ranks):
                 self._remove()  # every rank of the node has ended, and said so in the summary
             return summary
 
     def due(self, now: float) -> bool:
-        """A flush is due: the period is up, or a rank's state changed since the last one (after SOON_S)."""
+        """A flush is due: the period is up, or a rank's state changed since the last flush (and SOON_S passed
+        since this process's last one): one stat of the node's folder."""
         if now - self._flushed_at >= self.every_s:
             return True
-        if now - self._flushed_at < SOON_S:
-            return False
-        for path in self.folder.glob("rank_*.json"):
-            status = RankStatus.salvage(read_json(path))[0]
-            if status is not None and self._flushed.get(status.rank) != status.state.value:
-                return True
-        return False
+        return now - self._flushed_at >= SOON_S and self._changed.exists()
+
+    def tick(self, now: float) -> NodeSummary | None:
+        """What the node's reporter does every SOON_S / 2: flush when one is due."""
+        return self.flush() if self.due(now) else None
 
     # ---- the reporter -------------------------------------------------------------------------------------------
 
@@ -176,9 +182,8 @@ class NodeChannel:
     def _report(self) -> None:
         with suppress(OSError), self._lock("reporter", None, until=self._stop) as held:
             while held and not self._stop.wait(SOON_S / 2):
-                if self.due(time.monotonic()):
-                    with suppress(OSError):  # a full or gone run dir: the next flush tries again
-                        self.flush()
+                with suppress(OSError):  # a full or gone run dir: the next flush tries again
+                    self.tick(time.monotonic())
 
     def close(self) -> None:
         """Stop reporting (the rank's final status has already been flushed by ``report``)."""

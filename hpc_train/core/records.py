@@ -632,11 +632,11 @@ class StartupProfile(_Record):
     rendezvous_s: float | None = None
     """The TCP store: mostly the wait for every other rank to arrive."""
     process_group_s: float | None = None
-    """init_process_group and the preflight's first all-reduce."""
+    """init_process_group, the preflight's first all-reduce and the rank table (collectives: with waits)."""
     data_s: float | None = None
-    """The rank table, the trainer's datasets and loaders."""
+    """The datasets and loaders (the user's dataset, or the synthetic one)."""
     model_s: float | None = None
-    """The model built and wrapped (DDP), the optimizer and the rest of the trainer."""
+    """The model built and wrapped (DDP), the optimizer, the resume and the rest of the trainer."""
     first_step_s: float | None = None
     """The first optimizer step."""
 
@@ -650,8 +650,9 @@ class StartupProfile(_Record):
         "model",
         "first_step",
     )
-    OWN: ClassVar[tuple[str, ...]] = ("resolve", "process_group", "data", "model")
-    """The phases that are hpc_train's own work: not the imports, the wait for other ranks nor the compute."""
+    OWN: ClassVar[tuple[str, ...]] = ("resolve", "process_group", "model")
+    """hpc_train's own work: not the interpreter, the imports, the wait at the rendezvous, the data set (the
+    user's) nor the first step's compute. (The process group's collectives wait for the slowest rank.)"""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "rank": _Key("is not a rank number", _integer, required=True),

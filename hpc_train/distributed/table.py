@@ -16,7 +16,7 @@ from hpc_train.distributed.env import DistEnv
 
 __all__ = ["FULL_TABLE_UP_TO", "RankRow", "format_rank_table", "gather_rank_table", "summarize_rank_table"]
 
-FULL_TABLE_UP_TO = 16
+FULL_TABLE_UP_TO = 8
 """A rank table up to this many ranks is printed whole; a larger one, a line per shape of node."""
 
 

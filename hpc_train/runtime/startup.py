@@ -101,6 +101,9 @@ class Startup:
         """Size torch's thread pool to the task's CPUs and pick this rank's device."""
         import torch
 
+        # The optimizer and DDP import it on their first use (~1 s on 2 busy cores): here, it counts as an import.
+        import torch._dynamo
+
         from hpc_train.distributed import auto_uses_cuda, select_device
 
         torch.set_num_threads(cfg.cluster.cpus_per_task)

@@ -151,9 +151,9 @@ def _train(
         _guards(rd, env, cfg, job, startup) as (stop, watchdog),
         distributed(env, device, *timeouts, on_rendezvous=lambda: startup.mark("rendezvous")),
     ):
-        startup.mark("process_group")
         _publish_rank_table(rd, env, device, job.attempt)
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
+        startup.mark("process_group")
         observers = _observers(rd, env, job, watchdog, fault, trackers, startup)
         return _fit(rd, env, cfg, device, stop, observers, startup)
 

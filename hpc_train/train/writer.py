@@ -12,6 +12,9 @@ crash during a synchronous write does, and the file is the same as a synchronous
 - A stop, the end of training and a requeue wait until the write is durable (``CheckpointWriter.wait``; the
   trainer calls it before it reports a stop or saves the final weights).
 - An error of the background write (a full disk) is raised in the training thread at the next save or wait.
+- The write takes only the CPU and disk that training leaves (``background_priority``): its thread runs at the
+  lowest CPU priority (nice 19) and the lowest best-effort I/O priority. When training waits for it (the next
+  save, a stop, the end), it is the only work left and runs at full speed.
 
 Why a writer of our own rather than torch.distributed.checkpoint's async_save: DCP writes a folder of shards
 and a metadata file per checkpoint. The run's ledger (digest and size per file, verified on load), its
@@ -24,10 +27,14 @@ not. The blocking part, the copy to CPU, is the same in both.
 from __future__ import annotations
 
 import copy
+import ctypes
 import logging
+import os
+import platform
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +43,31 @@ import torch
 
 from hpc_train.train.checkpoint import Checkpoints
 
-__all__ = ["CheckpointWriter", "Saved", "Snapshot"]
+__all__ = ["CheckpointWriter", "Saved", "Snapshot", "background_priority"]
 
 log = logging.getLogger(__name__)
 
 _IMMUTABLE = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
+
+
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273}
+"""The ioprio_set system call's number (Linux has no libc wrapper for it)."""
+_IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_BE, _IOPRIO_LOWEST = 1, 2, 7
+
+
+def background_priority() -> None:
+    """Give the calling thread the lowest CPU priority (nice 19) and the lowest best-effort I/O priority, so that
+    training's threads and its data loading go first. Linux keeps both per thread; elsewhere, or where refused,
+    nothing changes. (Best-effort, not the idle I/O class: a job that reads its data all the time could starve
+    an idle-class write, and a stop waits for the write.)"""
+    thread = threading.get_native_id()
+    with suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, thread, 19)
+    number = _IOPRIO_SET.get(platform.machine())
+    if number is not None and platform.system() == "Linux":
+        with suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall(number, _IOPRIO_WHO_PROCESS, thread, (_IOPRIO_CLASS_BE << 13) | _IOPRIO_LOWEST)
 
 
 class Snapshot:
@@ -136,6 +163,7 @@ class CheckpointWriter:
         return time.monotonic() - started
 
     def _write(self, state: Any, step: int, keep: int, started: float) -> None:
+        background_priority()
         try:
             path = self.checkpoints.save(state, step, keep)
         except BaseException as exc:  # noqa: BLE001 - kept for the training thread, which raises it

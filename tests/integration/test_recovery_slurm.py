@@ -131,6 +131,7 @@ def test_without_a_spare_the_job_goes_on_with_the_nodes_that_are_left(tmp_path: 
         "cluster=slurm",
         "cluster.nodes=3",
         "cluster.tasks_per_node=1",
+        "cluster.status_every_s=1",  # kill_on acts on the step the statuses say
     ]
     job_id = submit_job(run_dir, *three, "trainer.batch_size=32", "cluster.partition=all", "cluster.min_nodes=2")
     assert "#SBATCH --no-kill" in (run_dir / "job.sbatch").read_text()

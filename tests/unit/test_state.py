@@ -517,3 +517,25 @@ def test_children_are_listed_from_proc_and_a_reaped_one_is_not_alive() -> None:
             child.kill()
             child.wait()
     assert child_pids(2**22 + 1) == []  # beyond pid_max: no such process
+
+
+def test_many_failures_and_missing_ranks_are_named_in_a_few_lines(tmp_path: Path, scheduler) -> None:  # type: ignore[no-untyped-def]
+    """A job of 4,096 ranks whose collective failed everywhere: the first five failures, then a count."""
+    scheduler(squeue=None, sacct="FAILED\n")
+    states = dict.fromkeys(range(3000), "failed")
+    state = job_state(run_dir_with(tmp_path, "5", states), 4096)
+    parts = state.detail.split("; ")
+    assert len(parts) == 7, state.detail[:2000]
+    assert parts[0] == "ranks 3000-4095 never started (1096 ranks)"
+    assert parts[1].startswith("rank 0 on ") and "RuntimeError: boom" in parts[1]
+    assert parts[6] == "2995 more ranks failed: 5-2999"
+
+
+def test_number_ranges_first_few_and_hostlists() -> None:
+    from hpc_train.core.hostlist import compress_hostlist
+    from hpc_train.core.textutil import first_few, number_ranges
+
+    assert number_ranges([5, 0, 1, 2, 3, 8, 10, 11]) == "0-3,5,8,10,11"
+    assert number_ranges([]) == ""
+    assert first_few(["a", "b"], 3) == "a, b" and first_few(list("abcdefg"), 3) == "a, b, c and 4 more"
+    assert compress_hostlist(["node3", "node1", "node2", "gpu07", "node2"]) == "gpu07,node[1-3]"
