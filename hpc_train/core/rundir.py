@@ -41,11 +41,12 @@ scripts and later tools find a run's outputs by them, and every module here reac
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -90,6 +91,7 @@ before ``overrides.json`` existed."""
 BATCH_EXIT = "status/batch_exit.json"
 """Relative to the run dir: the sbatch script writes it from the shell."""
 _CHECKPOINT_GLOB = "step_*.pt"
+log = logging.getLogger(__name__)
 
 
 _Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth)
@@ -515,21 +517,43 @@ class RunDir:
         """Write a rank's progress (a mapping must hold Progress's keys, of their types: else RecordError)."""
         progress = record if isinstance(record, Progress) else Progress.from_json(record)
         progress = replace(progress, run=str(self.path.resolve()))
-        if self.node is not None:
-            self.node.report_progress(rank, progress)
+
+        def through(node: NodeChannel) -> bool:
+            node.report_progress(rank, progress)
+            return True
+
+        if self.node is not None and self._through_node(through):
             return
         # Not fsync'ed: rewritten about once a second while the rank trains.
         write_json_atomic(self.progress(rank), progress.to_json(), durable=False)
 
     # ---- each node's summary ----------------------------------------------------------------------------------
 
+    def _through_node(self, report: Callable[[NodeChannel], bool]) -> bool:
+        """``report`` through this rank's node channel; False when the node's folder failed (memory full, gone):
+        the caller then writes the record to the run dir itself, as a rank without a channel does."""
+        assert self.node is not None
+        try:
+            return report(self.node)
+        except OSError as exc:
+            log.warning(
+                "hpc_train: the node's status folder %s failed (%s): writing to the run dir", self.node.folder, exc
+            )
+            return False
+
     def node_summary(self, host: str) -> Path:
         return self.status_dir / f"node_{host}.json"
 
     def with_node(self, *, job: str, local_ranks: int) -> RunDir:
         """This run dir, its ranks' statuses and progress going through this node (``hpc_train.core.nodes``):
-        ``job`` names the attempt (each has a node folder of its own), ``local_ranks`` the node's ranks."""
-        return replace(self, node=NodeChannel.open(self.path, self.status_dir, job=job, local_ranks=local_ranks))
+        ``job`` names the attempt (each has a node folder of its own), ``local_ranks`` the node's ranks. Where no
+        node-local folder can be made, the rank writes its own files, as before, and says so."""
+        try:
+            channel = NodeChannel.open(self.path, self.status_dir, job=job, local_ranks=local_ranks)
+        except OSError as exc:
+            log.warning("hpc_train: no node-local status folder (%s): this rank writes status/rank_<r>.json", exc)
+            return self
+        return replace(self, node=channel)
 
     def startup_profiles(self) -> dict[int, StartupProfile]:
         """Where each rank's start-up went, from the newest node summary that has it."""
@@ -575,9 +599,10 @@ class RunDir:
             record["attempt"] = attempt
         status = RankStatus.from_json({**record, **extra})
         if self.node is not None:
-            progress = self.node.progress(rank)  # before the report: the last rank out empties the node's folder
-            summarised = self.node.report(status)
-            if status.state.live or (summarised and rank != 0 and status.state is not RankState.FAILED):
+            # Read before the report: the last rank of the node to end empties the node's folder.
+            progress = self.node.progress(rank) if not status.state.live else None
+            summarised = self._through_node(lambda node: node.report(status))
+            if summarised and (status.state.live or (rank != 0 and status.state is not RankState.FAILED)):
                 return
             if progress is not None:
                 write_json_atomic(self.progress(rank), replace(progress, rank=None).to_json(), durable=False)
@@ -693,6 +718,8 @@ class RunDir:
                 statuses[clean["rank"]] = clean
         for path in sorted(self.status_dir.glob("node_*.json")):
             record, unreadable = _load(path)
+            if record is None and not unreadable:  # gone since the listing
+                continue
             summary, problems = NodeSummary.salvage(record) if not unreadable else (None, [unreadable])
             damaged += [problem if problem.startswith(str(path)) else f"{path}: {problem}" for problem in problems]
             _with_newer(statuses, summary.ranks if summary is not None else ())

@@ -87,7 +87,9 @@ def _node_reporting(rd: RunDir) -> Iterator[None]:
     script) find the node's folder in NODE_DIR_VARIABLE."""
     from hpc_train.core.nodes import NODE_DIR_VARIABLE
 
-    assert rd.node is not None
+    if rd.node is None:  # no node-local folder could be made: the rank writes its own files
+        yield
+        return
     os.environ[NODE_DIR_VARIABLE] = str(rd.node.folder)
     rd.node.start()
     try:

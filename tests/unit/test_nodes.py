@@ -241,3 +241,24 @@ def test_a_last_word_that_cannot_reach_the_summary_gets_a_file_of_its_own(tmp_pa
         os.close(fd)
     assert json.loads(rd.status_path(1).read_text())["state"] == "completed"
     assert RunDir(tmp_path / "run").rank_statuses()[1].step == 8
+
+
+def test_a_node_folder_that_fails_sends_the_rank_s_records_to_the_run_dir(tmp_path: Path) -> None:
+    """/dev/shm full or gone under a running rank: nothing is lost, the rank writes its own files."""
+    rd = _rank(tmp_path / "run", tmp_path / "shm")
+    assert rd.node is not None
+    rd.node.folder.rmdir()
+    rd.node.folder.write_text("not a folder")  # (root ignores file modes: a file where the folder was fails)
+    rd.write_status(0, RankState.RUNNING, step=3)
+    rd.write_progress(0, Progress(first_step=1, first_time=1.0, step=3, time=2.0))
+    assert json.loads(rd.status_path(0).read_text())["step"] == 3
+    assert json.loads(rd.progress(0).read_text())["step"] == 3
+
+
+def test_no_node_folder_at_all_means_the_rank_writes_its_own_files(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "shm").write_text("not a folder")
+    monkeypatch.setattr(nodes, "node_base", lambda: tmp_path / "shm")
+    rd = RunDir(tmp_path / "run").with_node(job="1.0.0", local_ranks=1)
+    assert rd.node is None
+    rd.write_status(0, RankState.STARTING)
+    assert rd.status_path(0).is_file()
