@@ -96,9 +96,18 @@ class _Mlflow(_Backend):
 
         mlflow_patience()  # for every request of this rank-0 process, which runs no tracker code of the user's
         self.client = MlflowClient(tracking_uri=self.run.store)
+        self.sent = self._held(self.sent)
         self.client.update_run(self.run.run_id, status="RUNNING")
         tags = [RunTag("hpc_train.attempt", str(attempt)), RunTag(f"hpc_train.attempt.{attempt}", note)]
         self.client.log_batch(self.run.run_id, tags=tags)
+
+    def _held(self, recorded: int | None) -> int | None:
+        """The latest step the run holds, as the server says: an attempt that ended while a row was on its way
+        (its end waits a bounded time for the queue) leaves the row in MLflow and ``logged_step`` one row behind,
+        and sending that row again would log its step twice."""
+        metrics = self.client.get_run(self.run.run_id).data.metrics
+        steps = [m.step for key in metrics for m in self.client.get_metric_history(self.run.run_id, key)]
+        return max([*steps, recorded or 0]) or None
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric

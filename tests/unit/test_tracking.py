@@ -116,3 +116,20 @@ def test_an_attempt_says_where_it_starts_and_after_what(tmp_path: Path) -> None:
 def test_a_row_gives_its_numbers_but_not_its_step_or_flags() -> None:
     row = {"step": 10, "epoch": 0, "train_loss": 0.5, "lr": 1e-3, "early_stop": True, "note": "x"}
     assert row_values(row) == {"epoch": 0.0, "train_loss": 0.5, "lr": 1e-3}
+
+
+def test_an_mlflow_run_resumes_after_the_latest_step_the_server_holds(tmp_path: Path) -> None:
+    """An attempt ended while its row of step 10 was on its way: MLflow holds it, the record says 5. The next
+    attempt must not send 10 again (MLflow would keep both)."""
+    from mlflow.tracking import MlflowClient
+
+    from hpc_train.tracking.log import _Mlflow
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=store)
+    run_id = client.create_run(client.create_experiment("held")).info.run_id
+    for step in (5, 10):
+        client.log_metric(run_id, "train_loss", 1.0 / step, step=step)
+    backend = _Mlflow(TrackerRun(tracker="mlflow", store=store, run_id=run_id, created=1.0, logged_step=5))
+    backend.open(1, "attempt 1", {})
+    assert backend.sent == 10
