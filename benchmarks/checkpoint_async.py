@@ -1,6 +1,7 @@
 """What a checkpoint costs training, synchronous against in the background (``trainer.checkpoint_async``).
 
     python benchmarks/checkpoint_async.py [--width 4096 --layers 5 --steps 24 --every 6 --dir /tmp]
+    python benchmarks/checkpoint_async.py --ranks 2 [--steps 60 --every 5 --width 4096 --layers 3]
 
 An MLP of ``layers`` square Linear layers (4096 x 5: 84M parameters, 1.0 GB of checkpoint state with AdamW's
 two moments) trains ``steps`` steps three times: without checkpoints, with a synchronous checkpoint every
@@ -11,12 +12,21 @@ duration. Run it on the file system your checkpoints go to (--dir).
 
 On a CPU-only machine the background writer shares the cores with training (hashing and copying are CPU work),
 so the steps that overlap a write get slower: the total time says how much of the write was hidden.
+
+With ``--ranks N`` the same three modes run as a user runs them: ``python -m hpc_train`` on the local launcher
+with N ranks, an MLP of ``layers`` hidden layers of ``width`` (784 inputs; 4096 x 3 makes a 442 MB checkpoint),
+a checkpoint every ``every`` steps. Prints each run's time from launch to exit, what the checkpoints add to it,
+and the background writes' cost as a fraction of the synchronous writes'.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,22 +50,30 @@ def _model(width: int, layers: int) -> torch.nn.Module:
 @dataclass(frozen=True)
 class Result:
     """One mode's run: its total time, the seconds training was blocked per checkpoint, each background (or
-    synchronous) write's own duration, and the size of the newest checkpoint."""
+    synchronous) write's own duration, and the size of the newest checkpoint (through hpc_train: the blocked
+    seconds and write durations of background saves only, as rank 0's log has them)."""
 
     mode: str
     total: float
     blocked: list[float]
     writes: list[float]
     size: int
+    training: float | None = None
+    """Through hpc_train: the fit's own seconds, to its last metrics row (no start-up, no final save)."""
 
     def line(self) -> str:
         text = f"{self.mode:>5}: total {self.total:.1f} s"
+        if self.training is not None:
+            text += f" (training {self.training:.1f} s)"
+        if self.size:
+            text += f"; checkpoint {self.size / 2**30:.2f} GiB"
         if self.blocked:
             text += (
-                f"; checkpoint {self.size / 2**30:.2f} GiB; training blocked per checkpoint: median "
-                f"{statistics.median(self.blocked):.3f} s, max {max(self.blocked):.3f} s; the write itself: median "
-                f"{statistics.median(self.writes):.2f} s"
+                f"; training blocked per checkpoint: median {statistics.median(self.blocked):.3f} s, "
+                f"max {max(self.blocked):.3f} s"
             )
+        if self.writes:
+            text += f"; the write itself: median {statistics.median(self.writes):.2f} s"
         return text
 
 
@@ -81,6 +99,53 @@ def _run(args: argparse.Namespace, mode: str, folder: Path) -> Result:
     return Result(mode=mode, total=total, blocked=blocked, writes=writes, size=size)
 
 
+def _run_hpc_train(args: argparse.Namespace, mode: str, folder: Path) -> Result:
+    """One mode through ``python -m hpc_train``: N ranks on the local launcher, rank 0 checkpointing."""
+    run_dir = folder / mode
+    every = args.every if mode != "none" else args.steps + 1  # none: only the final weights
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train",
+        f"hydra.run.dir={run_dir}",
+        "cluster=local",
+        f"cluster.tasks_per_node={args.ranks}",
+        f"cluster.cpus_per_task={max(1, len(os.sched_getaffinity(0)) // args.ranks)}",
+        "model=mlp",
+        f"model.hidden_sizes=[{','.join([str(args.width)] * args.layers)}]",
+        "data.input_shape=[784]",
+        f"data.num_samples={args.steps * args.batch * args.ranks}",
+        "data.val_fraction=0",
+        f"trainer.batch_size={args.batch}",
+        f"trainer.max_steps={args.steps}",
+        "trainer.max_epochs=0",
+        f"trainer.checkpoint_every_n_steps={every}",
+        "trainer.keep_checkpoints=2",
+        f"trainer.checkpoint_async={str(mode == 'async').lower()}",
+        "trainer.val_every_n_epochs=0",
+        "trainer.progress_bar=false",
+        "trainer.tensorboard=false",
+        "trainer.plots=false",
+    ]
+    started = time.perf_counter()
+    with (folder / f"{mode}.out").open("w") as out:  # the launcher's own output, for a run that fails
+        subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT, timeout=args.steps * 30 + 300)
+    total = time.perf_counter() - started
+    log = (run_dir / "logs" / "rank_0.log").read_text()
+    blocked = [float(s) for s in re.findall(r"checkpoint \(\w+\) at step \d+: blocked ([0-9.]+) s", log)]
+    writes = [float(s) for s in re.findall(r"checkpoint of step \d+ durable after ([0-9.]+) s", log)]
+    size = max((p.stat().st_size for p in (run_dir / "checkpoints").glob("step_*.pt")), default=0)
+    rows = RunDir(run_dir).read_metrics()
+    return Result(
+        mode=mode,
+        total=total,
+        blocked=blocked,
+        writes=writes,
+        size=size if mode != "none" else 0,
+        training=rows[-1]["time_s"] if rows else None,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=4096)
@@ -89,7 +154,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--every", type=int, default=6)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--ranks", type=int, default=0, help="run through python -m hpc_train with this many ranks")
+    parser.add_argument("--modes", default="none,sync,async", help="with --ranks: which of none,sync,async to run")
     args = parser.parse_args()
+    if args.ranks:
+        _through_hpc_train(args)
+        return
     params = sum(p.numel() for p in _model(args.width, args.layers).parameters())
     threads = torch.get_num_threads()
     print(
@@ -107,6 +177,27 @@ def main() -> None:
         f"blocking: background {async_blocked:.3f} s = {100 * async_blocked / sync_blocked:.1f}% of a synchronous "
         f"save ({sync_blocked:.3f} s); checkpoint overhead on the run: sync +{sync - base:.1f} s, background "
         f"+{background - base:.1f} s"
+    )
+
+
+def _through_hpc_train(args: argparse.Namespace) -> None:
+    print(f"{args.ranks} ranks (python -m hpc_train), {args.steps} steps, a checkpoint every {args.every}")
+    results: dict[str, Result] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        for mode in args.modes.split(","):
+            results[mode] = _run_hpc_train(args, mode, Path(folder))
+            print(results[mode].line(), flush=True)
+    if set(results) != {"none", "sync", "async"}:
+        return
+    base, sync, background = (results[m].total for m in ("none", "sync", "async"))
+    print(
+        f"launch to exit: checkpoints add {sync - base:+.1f} s synchronous, {background - base:+.1f} s in the "
+        f"background ({(background - base) / (sync - base):.2f} of synchronous) to a {base:.1f} s run"
+    )
+    base, sync, background = (results[m].training or 0.0 for m in ("none", "sync", "async"))
+    print(
+        f"training alone: {sync - base:+.1f} s synchronous, {background - base:+.1f} s in the background "
+        f"({(background - base) / (sync - base):.2f} of synchronous) on {base:.1f} s"
     )
 
 

@@ -32,8 +32,10 @@ from typing import Any
 
 from workloads import LOG_EVERY, WORKLOADS, Workload, measure_marks
 
+from hpc_train.core.records import StartupProfile
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import format_table
+from hpc_train.tools.jobs import startup_maxima
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("raw", "hpc_train", "lightning", "limit")
@@ -75,6 +77,12 @@ class Sample:
     repeat: int
     first_step_s: float
     samples_per_s: float
+    phases: tuple[tuple[str, float], ...] = ()
+    """hpc_train only: each start-up phase's time on its slowest rank (``jobs status``'s figures), and
+    ``own``, the rank whose hpc_train part took longest."""
+
+
+PHASES = (*StartupProfile.PHASES, "own")
 
 
 def commands(variant: str, workload: Workload, ranks: int, setup: Setup, run_dir: Path) -> list[list[str]]:
@@ -173,6 +181,7 @@ def run_once(variant: str, workload: Workload, ranks: int, setup: Setup, repeat:
         reports = [r for out in outputs for r in parse_reports(out)]
     if not reports:
         raise RuntimeError(f"{variant} printed no BENCH_RESULT line; output in {log_path}")
+    maxima = startup_maxima(RunDir(run_dir)) if variant == "hpc_train" else {}
     return Sample(
         workload.name,
         ranks,
@@ -180,6 +189,7 @@ def run_once(variant: str, workload: Workload, ranks: int, setup: Setup, repeat:
         repeat,
         first_step_s=max(r["first_step_unix"] for r in reports) - start,
         samples_per_s=sum(r["window_samples"] / r["window_s"] for r in reports),
+        phases=tuple((phase, seconds) for phase, (seconds, _) in maxima.items()),
     )
 
 
@@ -208,6 +218,19 @@ def summarize(samples: list[Sample]) -> dict[str, dict[str, Any]]:
             "first_step_s": spread([s.first_step_s for s in mine]),
         }
     return out
+
+
+def phase_table(samples: list[Sample]) -> list[list[Any]]:
+    """Per hpc_train configuration: each start-up phase's median (over repeats) on its slowest rank."""
+    rows = []
+    for w, r in sorted({(s.workload, s.ranks) for s in samples if s.phases}):
+        mine = [dict(s.phases) for s in samples if (s.workload, s.ranks) == (w, r) and s.phases]
+        cells = [
+            statistics.median([p[phase] for p in mine if phase in p]) if any(phase in p for p in mine) else None
+            for phase in PHASES
+        ]
+        rows.append([w, r, *("-" if c is None else f"{c:.2f}" for c in cells)])
+    return rows
 
 
 def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -367,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         sample = run_once(v, by_name[w], r, setup, repeat)
         print(
             f"[{n}/{len(order)}] {w} x{r} {v:9s} {sample.samples_per_s:8.0f} samples/s, "
-            f"first step {sample.first_step_s:.2f} s",
+            f"first step {sample.first_step_s:.2f} s"
+            + (f" (hpc_train's own {dict(sample.phases)['own']:.2f} s)" if sample.phases else ""),
             flush=True,
         )
         samples.append(sample)
@@ -375,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     ratio = ratios(summary)
     print()
     print_report(summary, ratio)
+    phases = phase_table(samples)
+    if phases:
+        print("\nhpc_train's start-up, s: each phase on its slowest rank (median over repeats); own = resolve +")
+        print("process group + model, the part that is hpc_train's and not the imports' or the other ranks' wait")
+        print(format_table(["workload", "ranks", *(p.replace("_", " ") for p in PHASES)], phases))
     result = {
         "machine": machine(),
         "setup": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(setup).items()},

@@ -49,6 +49,7 @@ from hpc_train.config.cluster import (
     SUBMIT_MODES,
     ClusterConfig,
     SlurmConfig,
+    StragglerConfig,
     check_python,
     fold_slurm_aliases,
 )
@@ -125,6 +126,7 @@ __all__ = [
     "ScheduleConfig",
     "ScriptConfig",
     "SlurmConfig",
+    "StragglerConfig",
     "TrackingConfig",
     "TrainerConfig",
     "TransformerConfig",

@@ -26,6 +26,7 @@ __all__ = [
     "SUBMIT_MODES",
     "ClusterConfig",
     "SlurmConfig",
+    "StragglerConfig",
     "check_python",
     "fold_slurm_aliases",
     "merge_slurm_value",
@@ -255,6 +256,31 @@ aliases, folded into ``cluster.slurm`` by ``fold_slurm_aliases``."""
 
 
 @dataclass
+class StragglerConfig(Checked):
+    """``cluster.stragglers``: finding the rank that slows every other (``hpc_train.distributed.stragglers``).
+    Each rank times its own forward and backward per step; every ``window_s`` the ranks send rank 0 their
+    figure, and a rank at least ``margin`` times the median for ``windows`` windows in a row is named."""
+
+    _group: ClassVar[str] = "cluster.stragglers"
+
+    enabled: bool = True
+    """Time the ranks and name stragglers (the built-in trainer, the Hugging Face and Lightning callbacks, and
+    scripts that call ``hpc_train.preemption.should_stop``)."""
+    window_s: float = 60.0
+    """How often the ranks share their figures (one small gather to rank 0 per window)."""
+    margin: float = 1.25
+    """How many times the median rank's own time per step a rank must take to count as slow in a window."""
+    windows: int = 3
+    """For how many windows in a row a rank must be slow before it is named (and named again, while it stays
+    slow, at every window)."""
+
+    def __post_init__(self) -> None:
+        self._bounded("window_s", 1.0, 86400.0, 60, why="a day")
+        self._bounded("margin", 1.0, 100.0, 1.25, above=True, why="1 would name half the ranks")
+        self._bounded("windows", 1, 1000, 3)
+
+
+@dataclass
 class ClusterConfig(Checked):
     """Where and how wide the job runs, and (for Slurm) what to ask the scheduler for."""
 
@@ -299,6 +325,8 @@ class ClusterConfig(Checked):
     """What the cluster offers, recorded by `python -m hpc_train.profile --write` (partitions with their node
     CPUs, memory, GPUs and MaxTime; accounts; QoS). Requests are checked against live Slurm where it answers,
     against these facts where it does not (a dry run on a laptop). Empty: nothing recorded."""
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    """Finding the rank that slows every other (``StragglerConfig``)."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """What only a Slurm job uses: the queue, the job script, requeue and restart limits (``SlurmConfig``). The
     old flat names (``cluster.partition``, ``cluster.max_restarts``, ...) still work, as aliases of these."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import socket
 import tempfile
@@ -33,9 +34,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.core.files import read_json, write_json_atomic
-from hpc_train.core.records import NodeSummary, Progress, RankStatus, StartupProfile
+from hpc_train.core.records import NodeSummary, Progress, RankCompute, RankStatus, StartupProfile
 
 __all__ = ["NODE_DIR_VARIABLE", "NODE_EVERY_S", "SOON_S", "NodeChannel", "node_base"]
+
+log = logging.getLogger(__name__)
 
 NODE_EVERY_S = 10.0
 """How often a node's summary is rewritten in steady training: one shared-file-system update per node."""
@@ -119,6 +122,10 @@ class NodeChannel:
         """Where a rank's start-up went: in the node's next summary (``jobs status`` shows the slowest rank)."""
         write_json_atomic(self.folder / f"startup_{profile.rank}.json", profile.to_json(), durable=False)
 
+    def report_compute(self, record: RankCompute) -> None:
+        """A rank's own compute time in its latest window (a user's script: stragglers), in the next summary."""
+        write_json_atomic(self.folder / f"compute_{record.rank}.json", record.to_json(), durable=False)
+
     def status(self, rank: int) -> RankStatus | None:
         """The rank's latest status on this node."""
         return RankStatus.salvage(read_json(self.folder / f"rank_{rank}.json"))[0]
@@ -133,6 +140,7 @@ class NodeChannel:
         ranks = [self.status(int(p.stem[5:])) for p in self.folder.glob("rank_*.json") if p.stem[5:].isdigit()]
         progress = [Progress.salvage(read_json(p))[0] for p in self.folder.glob("progress_*.json")]
         startup = [StartupProfile.salvage(read_json(p))[0] for p in self.folder.glob("startup_*.json")]
+        compute = [RankCompute.salvage(read_json(p))[0] for p in self.folder.glob("compute_*.json")]
         return NodeSummary(
             host=self.host,
             time=time.time(),
@@ -140,6 +148,7 @@ class NodeChannel:
             ranks=tuple(sorted((r for r in ranks if r is not None), key=lambda r: r.rank)),
             progress=tuple(sorted((p for p in progress if p is not None), key=lambda p: p.rank or 0)),
             startup=tuple(sorted((p for p in startup if p is not None), key=lambda p: p.rank)),
+            compute=tuple(sorted((c for c in compute if c is not None), key=lambda c: c.rank)),
         )
 
     def flush(self) -> NodeSummary | None:
@@ -180,10 +189,36 @@ class NodeChannel:
         return self
 
     def _report(self) -> None:
-        with suppress(OSError), self._lock("reporter", None, until=self._stop) as held:
-            while held and not self._stop.wait(SOON_S / 2):
-                with suppress(OSError):  # a full or gone run dir: the next flush tries again
-                    self.tick(time.monotonic())
+        """The reporter's loop. A flush that fails (a full or gone run dir) is tried again at the next period, not
+        at every tick, and said once; a node folder that fails ends this rank's part in reporting, with a word
+        (its ranks' last words still reach the run dir: ``RunDir`` writes them there when the node fails)."""
+        failing = False
+        try:
+            with self._lock("reporter", None, until=self._stop) as held:
+                while held and not self._stop.wait(SOON_S / 2):
+                    try:
+                        flushed = self.tick(time.monotonic())
+                    except OSError as exc:
+                        self._flushed_at = time.monotonic()  # the next try at the next period
+                        if not failing:
+                            log.warning(
+                                "hpc_train: node %s could not write its summary %s (%s); trying again every %g s",
+                                self.host,
+                                self.summary,
+                                exc,
+                                self.every_s,
+                            )
+                        failing = True
+                    else:
+                        failing = failing and flushed is None
+        except OSError as exc:
+            log.warning(
+                "hpc_train: node %s's status folder %s failed (%s): this rank no longer reports the node's "
+                "summary; its ranks still write their last words to the run dir",
+                self.host,
+                self.folder,
+                exc,
+            )
 
     def close(self) -> None:
         """Stop reporting (the rank's final status has already been flushed by ``report``)."""

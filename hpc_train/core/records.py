@@ -42,12 +42,15 @@ __all__ = [
     "Growth",
     "NodeSummary",
     "Progress",
+    "RankCompute",
     "RankState",
     "RankStatus",
     "RecordError",
     "RequeueEntry",
     "Reshape",
+    "SlowRank",
     "StartupProfile",
+    "StragglerReport",
     "TrackerRun",
 ]
 
@@ -639,6 +642,10 @@ class StartupProfile(_Record):
     """The model built and wrapped (DDP), the optimizer, the resume and the rest of the trainer."""
     first_step_s: float | None = None
     """The first optimizer step."""
+    script_s: float | None = None
+    """A user's script (instead of every phase from imports on): from the end of rank resolution to the first
+    step the script reported (``hpc_train.preemption`` or an integration's callback). Its imports, process
+    group, data and model are inside it: hpc_train does not see into the script's process."""
 
     PHASES: ClassVar[tuple[str, ...]] = (
         "interpreter",
@@ -649,6 +656,7 @@ class StartupProfile(_Record):
         "data",
         "model",
         "first_step",
+        "script",
     )
     OWN: ClassVar[tuple[str, ...]] = ("resolve", "process_group", "model")
     """hpc_train's own work: not the interpreter, the imports, the wait at the rendezvous, the data set (the
@@ -680,6 +688,28 @@ class StartupProfile(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankCompute(_Record):
+    """One rank's own compute time in its latest window (``hpc_train.distributed.stragglers``), as the rank of a
+    user's script reports it through its node (``NodeSummary.compute``): rank 0's worker compares the ranks."""
+
+    rank: int
+    time: float
+    """The end of the window."""
+    per_interval_s: float
+    """Its forward and backward seconds per forward-backward interval (a micro-batch) in the window."""
+    intervals: int
+    device: str = ""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "rank": _Key("is not a rank number", _integer, required=True),
+        "time": _Key("is not a time stamp (seconds since the epoch)", _number, required=True),
+        "per_interval_s": _Key("is not a number of seconds", _number, required=True),
+        "intervals": _Key("is not a count", _integer, required=True),
+        "device": _Key("is not a device name", _string),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeSummary(_Record):
     """One node's ranks as the node last reported them (``status/node_<host>.json``, ``hpc_train.core.nodes``):
     rewritten every 10 s while the node trains, at once when one of its ranks ends."""
@@ -694,6 +724,8 @@ class NodeSummary(_Record):
     """The progress of the node's ranks that keep one (the trainer's rank 0; each rank of a user's script)."""
     startup: tuple[StartupProfile, ...] = ()
     """Where each rank's start-up went (once it reached its first step)."""
+    compute: tuple[RankCompute, ...] = ()
+    """A user's script: each rank's own compute time in its latest window (stragglers)."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "host": _Key("is not a host name", _string, required=True),
@@ -702,4 +734,81 @@ class NodeSummary(_Record):
         "ranks": _records(RankStatus),
         "progress": _records(Progress),
         "startup": _records(StartupProfile),
+        "compute": _records(RankCompute),
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowRank(_Record):
+    """A straggler (``hpc_train.distributed.stragglers``): a rank whose own compute time per step has stayed
+    above the median of all ranks' for ``windows`` windows in a row."""
+
+    rank: int
+    host: str = ""
+    device: str = ""
+    """Its device as the rank table has it (``cuda:1``, ``cpu``)."""
+    slowdown: float
+    """Its own time per step over the median rank's, in the latest window."""
+    per_step_s: float | None = None
+    """Its own time per step in the latest window, seconds."""
+    since_step: int | None = None
+    """The step of the first window of its slow run."""
+    since_time: float | None = None
+    windows: int | None = None
+    """How many windows in a row it has been slow."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "rank": _Key("is not a rank number", _integer, required=True),
+        "host": _Key("is not a host name", _string),
+        "device": _Key("is not a device name", _string),
+        "slowdown": _Key("is not a ratio", _number, required=True),
+        "per_step_s": _SECONDS,
+        "since_step": _STEP,
+        "since_time": _TIME,
+        "windows": _Key("is not a count", _or_none(_integer)),
+    }
+
+    def describe(self) -> str:
+        """``rank 5 (node3, cuda:1) 1.62x the median for 3 windows, since step 400``."""
+        where = ", ".join(w for w in (self.host, self.device) if w)
+        since = f", since step {self.since_step}" if self.since_step is not None else ""
+        windows = f" for {self.windows} windows" if self.windows else ""
+        return f"rank {self.rank}{f' ({where})' if where else ''} {self.slowdown:.2f}x the median{windows}{since}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerReport(_Record):
+    """Rank 0's verdict on the latest window (``status/stragglers.json``): the median rank's own compute time per
+    step, the slowest rank's, and the stragglers, slowest first."""
+
+    time: float
+    step: int | None = None
+    median_s: float = 0.0
+    slowest_s: float | None = None
+    ranks: tuple[SlowRank, ...] = ()
+    ranks_measured: int | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "time": _Key("is not a time stamp (seconds since the epoch)", _number, required=True),
+        "step": _STEP,
+        "median_s": _Key("is not a number of seconds", _number),
+        "slowest_s": _SECONDS,
+        "ranks": _records(SlowRank),
+        "ranks_measured": _Key("is not a count", _or_none(_integer)),
+    }
+
+    @property
+    def lost_fraction(self) -> float:
+        """The share of its samples per second the job loses to its slowest rank: a step lasts as long as that
+        rank's (0 when no rank is slower than the median)."""
+        if not self.slowest_s or not self.median_s or self.slowest_s <= self.median_s:
+            return 0.0
+        return 1.0 - self.median_s / self.slowest_s
+
+    def describe(self) -> str:
+        """One line per straggler, or '' when there is none."""
+        if not self.ranks:
+            return ""
+        lost = f"; the job loses {100 * self.lost_fraction:.0f}% of its samples/s to the slowest"
+        named = "; ".join(r.describe() for r in self.ranks)
+        return f"straggler{'s' if len(self.ranks) > 1 else ''}: {named} (median {self.median_s:.4f} s/step){lost}"

@@ -28,6 +28,8 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/allocations.json    each Slurm allocation the run held (job id, start, end): the goodput ledger's wall
     status/goodput.json        the goodput ledger: allocated time, productive time, time lost, ettr
     status/bad_nodes.json      the nodes blamed for a failure, left out of later attempts when spares allow
+    status/stragglers.json     rank 0's straggler verdicts (hpc_train.distributed.stragglers): one entry per change
+                               of the ranks named, the last one rewritten at every window while nothing changes
     status/trackers.json       the MLflow / W&B run that holds this run dir, and the latest step logged to it
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
     status/cancel.json         `jobs cancel` of one member of a pack (cluster.pack): its supervisor ends it alone
@@ -46,7 +48,8 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -68,6 +71,7 @@ from hpc_train.core.records import (
     RequeueEntry,
     Reshape,
     StartupProfile,
+    StragglerReport,
     TrackerRun,
 )
 from hpc_train.core.state import check_status, process_start
@@ -89,12 +93,16 @@ HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 """Hydra's own record of a run's overrides (when hydra.output_subdir is left at .hydra): read for run dirs made
 before ``overrides.json`` existed."""
 BATCH_EXIT = "status/batch_exit.json"
+STRAGGLER_ENTRIES = 500
+"""The most entries ``status/stragglers.json`` keeps (a rank that flaps in and out of slow adds one per change)."""
 """Relative to the run dir: the sbatch script writes it from the shell."""
 _CHECKPOINT_GLOB = "step_*.pt"
 log = logging.getLogger(__name__)
 
 
-_Record = TypeVar("_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth)
+_Record = TypeVar(
+    "_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth, StragglerReport
+)
 
 
 def _read_list(path: Path) -> list[dict[str, Any]]:
@@ -149,13 +157,20 @@ def _checked_entries(entries: Any, path: Path, kind: type[_Record], what: str) -
     return records, damaged
 
 
-def _with_newer(statuses: dict[int, dict[str, Any]], summarised: Iterable[RankStatus]) -> dict[int, dict[str, Any]]:
-    """``statuses`` (read from the ranks' own files), each replaced by its rank's status in a node's summary
-    where that is newer."""
+def _newer_in_summaries(own: Mapping[int, Any], summarised: Iterable[RankStatus]) -> Iterator[RankStatus]:
+    """The statuses in the nodes' summaries that win over the ranks' own files: ``own`` holds each rank's time
+    there (a rank with none, or a time that is not a number, loses to its summary)."""
     for status in summarised:
-        own = statuses[status.rank].get("time") if status.rank in statuses else None
-        if not isinstance(own, int | float) or (status.time or 0.0) > own:
-            statuses[status.rank] = status.to_json()
+        mine = own.get(status.rank)
+        if not isinstance(mine, int | float) or (status.time or 0.0) > mine:
+            yield status
+
+
+def _with_newer(statuses: dict[int, dict[str, Any]], summarised: Iterable[RankStatus]) -> dict[int, dict[str, Any]]:
+    """``statuses`` (JSON, read from the ranks' own files), each replaced by its rank's status in a node's
+    summary where that is newer."""
+    times = {rank: record.get("time") for rank, record in statuses.items()}
+    statuses.update((status.rank, status.to_json()) for status in _newer_in_summaries(times, summarised))
     return statuses
 
 
@@ -175,6 +190,8 @@ class RunDir:
     node: NodeChannel | None = field(default=None, compare=False, repr=False)
     """This rank's node channel (``with_node``): its statuses and progress go through its node, to
     ``status/node_<host>.json``, instead of to a file of its own."""
+    _held: tuple[NodeSummary, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    """The nodes' summaries as read once for ``summaries_held``."""
 
     @staticmethod
     def holds_run(path: Path) -> bool:
@@ -404,6 +421,24 @@ class RunDir:
             write_json_atomic(self.bad_nodes, [e.to_json() for e in entries])
 
     @property
+    def stragglers(self) -> Path:
+        """Rank 0's straggler verdicts, one entry per change (``record_stragglers``)."""
+        return self.status_dir / "stragglers.json"
+
+    def straggler_reports(self) -> list[StragglerReport]:
+        return _checked_list(self.stragglers, StragglerReport, "verdicts")[0]
+
+    def record_stragglers(self, report: StragglerReport) -> None:
+        """The latest window's verdict: it replaces the last entry when it names the same ranks (a span goes on),
+        else it is added (a rank named or cleared); the oldest entries go past STRAGGLER_ENTRIES."""
+        entries = self.straggler_reports()
+        if entries and {r.rank for r in entries[-1].ranks} == {r.rank for r in report.ranks}:
+            entries[-1] = report
+        else:
+            entries.append(report)
+        write_json_atomic(self.stragglers, [e.to_json() for e in entries[-STRAGGLER_ENTRIES:]], durable=False)
+
+    @property
     def goodput(self) -> Path:
         """The goodput ledger (``hpc_train.core.goodput``)."""
         return self.status_dir / "goodput.json"
@@ -564,8 +599,21 @@ class RunDir:
 
     def node_summaries(self) -> list[NodeSummary]:
         """Every node's latest summary that is whole (``checked_statuses`` lists the damaged ones)."""
+        if self._held is not None:
+            return list(self._held)
         found = (NodeSummary.salvage(read_json(p))[0] for p in sorted(self.status_dir.glob("node_*.json")))
         return [summary for summary in found if summary is not None]
+
+    @contextmanager
+    def summaries_held(self) -> Iterator[RunDir]:
+        """Within the block, the nodes' summaries are read once: for a reader that takes several views of one
+        moment (``jobs status``: the state, the progress, the nodes heard, the start-up), at 1,024 nodes each
+        read is a thousand files."""
+        object.__setattr__(self, "_held", tuple(self.node_summaries()))
+        try:
+            yield self
+        finally:
+            object.__setattr__(self, "_held", None)
 
     @property
     def batch_exit(self) -> Path:
@@ -684,9 +732,8 @@ class RunDir:
         from its node's summary or its own file, whichever is newer."""
         found = (self._status(path) for path in sorted(self.status_dir.glob("rank_*.json")))
         newest = {status.rank: status for status in found if status is not None}
-        for rank, status in self._summarised().items():
-            if rank not in newest or (status.time or 0.0) > (newest[rank].time or 0.0):
-                newest[rank] = status
+        times = {rank: status.time for rank, status in newest.items()}
+        newest.update((s.rank, s) for s in _newer_in_summaries(times, self._summarised().values()))
         return newest
 
     def _summarised(self) -> dict[int, RankStatus]:

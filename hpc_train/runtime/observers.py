@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hpc_train.core.records import Progress
+from hpc_train.core.records import Progress, StragglerReport
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.tracking import TrackerLog
@@ -19,7 +19,16 @@ from hpc_train.train.watchdog import Watchdog
 if TYPE_CHECKING:
     from hpc_train.runtime.startup import Startup
 
-__all__ = ["PROGRESS_EVERY_S", "Heartbeat", "Kicks", "ProgressFile", "StartupMarks", "TrackerRows"]
+__all__ = [
+    "PROGRESS_EVERY_S",
+    "Heartbeat",
+    "Kicks",
+    "ProgressFile",
+    "StartupMarks",
+    "StragglerLog",
+    "TrackerRows",
+    "straggler_figures",
+]
 
 PROGRESS_EVERY_S = 1.0
 """How often rank 0 writes its latest step for the goodput ledger (one small file rename)."""
@@ -116,13 +125,63 @@ class ProgressFile(StepObserver):
 
 
 class TrackerRows(StepObserver):
-    """Rank 0's metrics rows, to the run dir's MLflow / W&B runs (``hpc_train.tracking.TrackerLog``)."""
+    """Rank 0's metrics rows, to the run dir's MLflow / W&B runs (``hpc_train.tracking.TrackerLog``), with the
+    latest straggler figures (``straggler_figures``) in the next row after each window."""
 
     def __init__(self, trackers: TrackerLog) -> None:
         self.trackers = trackers
+        self._stragglers: dict[str, float] = {}
 
     def on_start(self, step: int) -> None:
         self.trackers.start(step)
 
+    def on_stragglers(self, report: StragglerReport) -> None:
+        self._stragglers = straggler_figures(report)
+
     def on_metrics(self, row: Mapping[str, Any]) -> None:
-        self.trackers.row(row)
+        figures, self._stragglers = self._stragglers, {}
+        self.trackers.row({**row, **figures})
+
+
+def straggler_figures(report: StragglerReport) -> dict[str, float]:
+    """What the trackers get of a window: the slowest rank's own time per step over the median's
+    (``stragglers/slowest_x_median``), how many stragglers there are, and each straggler's node with its
+    slowdown (``stragglers/node/<host>``: a node's line appears in the tracker only while it is slow)."""
+    if not report.median_s:
+        return {}
+    figures = {
+        "stragglers/slowest_x_median": round((report.slowest_s or report.median_s) / report.median_s, 4),
+        "stragglers/count": float(len(report.ranks)),
+    }
+    for slow in report.ranks:
+        key = f"stragglers/node/{slow.host or f'rank{slow.rank}'}"
+        figures[key] = max(figures.get(key, 0.0), slow.slowdown)
+    return figures
+
+
+class StragglerLog(StepObserver):
+    """Rank 0's straggler verdicts, to its log and ``status/stragglers.json``: a warning at every window while a
+    rank is named (with the throughput the job loses to it), a line when it is no longer slow."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self._named: dict[int, str] = {}
+
+    def on_stragglers(self, report: StragglerReport) -> None:
+        log = logging.getLogger("hpc_train")
+        now = {r.rank: r.host for r in report.ranks}
+        for rank, host in self._named.items():
+            if rank not in now:
+                log.info(
+                    "straggler cleared: rank %d%s is no longer slow (step %s)",
+                    rank,
+                    f" ({host})" * bool(host),
+                    report.step,
+                )
+        self._named = now
+        if report.ranks:
+            log.warning("%s", report.describe())
+        try:
+            self.run_dir.record_stragglers(report)
+        except OSError as exc:  # a full run dir: the log has it
+            log.warning("hpc_train: could not record the straggler verdict in %s: %s", self.run_dir.stragglers, exc)

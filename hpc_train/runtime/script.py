@@ -34,8 +34,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -45,14 +45,25 @@ from typing import IO, Any
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
 from hpc_train.core.errors import LaunchError, tag_step
 from hpc_train.core.identity import ATTEMPT_VARIABLE, JobIdentity
+from hpc_train.core.records import StartupProfile
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, is_live, rank_process_alive
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit
+from hpc_train.runtime.script_clock import WINDOW_VARIABLE, judge_from_summaries
+from hpc_train.runtime.startup import Startup
 from hpc_train.tracking import script_environment
 from hpc_train.train.stopping import StopSignals, signal_number
 
-__all__ = ["ScriptError", "ScriptRun", "run_script", "run_user_script", "torchrun_environment"]
+__all__ = [
+    "ScriptError",
+    "ScriptRun",
+    "run_script",
+    "run_user_script",
+    "script_startup",
+    "script_stragglers",
+    "torchrun_environment",
+]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 log = logging.getLogger(__name__)
@@ -105,6 +116,8 @@ def torchrun_environment(
     }
     if not torchrun:
         return ours
+    if cluster.stragglers.enabled and env.world_size > 1:  # script_clock times the script's DDP model
+        ours[WINDOW_VARIABLE] = f"{cluster.stragglers.window_s:g}"
     return {
         "RANK": str(env.rank),
         "LOCAL_RANK": str(env.local_rank),
@@ -276,13 +289,19 @@ def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
 
 
 def run_user_script(
-    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, early_stop: StopSignals | None = None
+    rd: RunDir,
+    env: DistEnv,
+    cfg: Config,
+    job: JobIdentity,
+    early_stop: StopSignals | None = None,
+    startup: Startup | None = None,
 ) -> Fit:
     """The user's torchrun-style script instead of the trainer; it sets up its own process group.
 
     Returns like the trainer does: completed, or stopped on a signal (with the steps the script reported
     through ``hpc_train.preemption``, if it did); raises ScriptError when it failed. The script's stdout and
-    stderr go to this rank's log as well as to its console (or Slurm and submitit output).
+    stderr go to this rank's log as well as to its console (or Slurm and submitit output). ``startup``: the
+    worker's start-up marks, completed with the script's part (``script_startup``).
     """
     rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
     rd.progress(env.rank).unlink(missing_ok=True)
@@ -297,23 +316,24 @@ def run_user_script(
     started = time.monotonic()
     # The run dir's tracker runs, as the trackers' own libraries read them (MLFLOW_RUN_ID, WANDB_RUN_ID, ...).
     trackers = script_environment(rd, cfg)
-    if cfg.cluster.launcher == "debug" and not cfg.script.command:
-        variables = torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)
-        run = run_here(cfg.script, trackers | variables)
-    else:
-        log_path = rd.rank_log(env.rank, job.attempt)
-        run = run_script(
-            cfg.script,
-            env,
-            cfg.cluster,
-            str(rd.path),
-            timeout,
-            job.attempt,
-            early_stop,
-            log_path,
-            extra=trackers,
-            peers_ended=lambda: scripts_ended(rd, env, job.stamp),
-        )
+    with script_startup(rd, env, startup or Startup()), script_stragglers(rd, env, cfg):
+        if cfg.cluster.launcher == "debug" and not cfg.script.command:
+            variables = torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)
+            run = run_here(cfg.script, trackers | variables)
+        else:
+            log_path = rd.rank_log(env.rank, job.attempt)
+            run = run_script(
+                cfg.script,
+                env,
+                cfg.cluster,
+                str(rd.path),
+                timeout,
+                job.attempt,
+                early_stop,
+                log_path,
+                extra=trackers,
+                peers_ended=lambda: scripts_ended(rd, env, job.stamp),
+            )
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
     start = None if first is None else first - 1
@@ -336,6 +356,94 @@ def run_user_script(
         )
         log.warning("%s", note)
     return Fit(completed=True, start_step=start or 0, step=last or 0, signal=0, note=note)
+
+
+FIRST_STEP_POLL_S = 1.0
+"""How often a rank's worker looks in its node's folder for its script's first reported step."""
+
+
+@contextmanager
+def script_startup(rd: RunDir, env: DistEnv, startup: Startup) -> Iterator[None]:
+    """The start-up profile of a rank whose work is a user's script, as far as hpc_train sees it.
+
+    The worker's own phases (interpreter, resolve, imports) are reported as the script starts. The script's part, from
+    then to the first step it reports (``hpc_train.preemption``, or the Hugging Face and Lightning callbacks),
+    is one phase, ``script``: hpc_train cannot tell its imports, process group, data and model apart. The
+    worker looks for that step in the node's folder every FIRST_STEP_POLL_S (node-local, no shared file system
+    traffic); a rank with no node folder, and a script that ends within a poll, are looked at once, at the end.
+    A script that reports no step has no ``script`` phase.
+    """
+    startup.mark("imports")  # the worker's: its config, and torch where rank 0 hosts the scripts' store
+    _report_startup(rd, startup.profile(env.rank, env.hostname))
+    ended = threading.Event()
+
+    def first_step() -> bool:
+        node = rd.node
+        progress = node.progress(env.rank) if node is not None else rd.progress_record(env.rank)
+        if progress is None or not progress.first_time:
+            return False
+        startup.mark("script", at=progress.first_time)
+        profile = startup.profile(env.rank, env.hostname)
+        log.info("%s", profile.describe())
+        _report_startup(rd, profile)
+        return True
+
+    def watch() -> None:
+        with suppress(OSError):
+            while not ended.wait(FIRST_STEP_POLL_S):
+                if first_step():
+                    return
+
+    watcher = threading.Thread(target=watch, name="hpc_train-script-startup", daemon=True)
+    if rd.node is not None:
+        watcher.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        if watcher.is_alive():
+            watcher.join(timeout=FIRST_STEP_POLL_S + 1)
+        if "script" not in startup.marks:
+            with suppress(OSError):
+                first_step()
+
+
+@contextmanager
+def script_stragglers(rd: RunDir, env: DistEnv, cfg: Config) -> Iterator[None]:
+    """Rank 0's worker, while its script runs: every cluster.stragglers.window_s, the ranks' own compute times
+    from the nodes' summaries (``script_clock``) judged, and the verdict logged and recorded as the built-in
+    trainer's is (``StragglerLog``). Nothing on other ranks, on one rank, or with stragglers off."""
+    sc = cfg.cluster.stragglers
+    if env.rank != 0 or env.world_size < 2 or not sc.enabled or not cfg.script.torchrun_env:
+        yield
+        return
+    from hpc_train.distributed.stragglers import StragglerJudge
+    from hpc_train.runtime.observers import StragglerLog
+
+    judge, verdicts, ended = StragglerJudge(margin=sc.margin, windows=sc.windows), StragglerLog(rd), threading.Event()
+
+    def watch() -> None:
+        while not ended.wait(sc.window_s):
+            try:
+                report = judge_from_summaries(rd.node_summaries(), judge, time.time(), sc.window_s)
+                if report is not None:
+                    verdicts.on_stragglers(report)
+            except OSError as exc:  # the run dir's file system: tried again at the next window
+                log.warning("hpc_train: the straggler figures could not be read: %s", exc)
+
+    watcher = threading.Thread(target=watch, name="hpc_train-stragglers", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        ended.set()
+        watcher.join(timeout=5)
+
+
+def _report_startup(rd: RunDir, profile: StartupProfile) -> None:
+    if rd.node is not None:
+        with suppress(OSError):
+            rd.node.report_startup(profile)
 
 
 def _hint(cfg: Config, stderr: str) -> str:

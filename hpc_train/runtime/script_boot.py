@@ -32,6 +32,10 @@ def release_distributed() -> None:
 
 def main(argv: list[str]) -> None:
     atexit.register(release_distributed)
+    if os.environ.get("HPC_TRAIN_STRAGGLER_WINDOW_S"):  # the worker asked: time the script's DDP model
+        from hpc_train.runtime.script_clock import install
+
+        install()
     try:
         _run(argv)
     except (SystemExit, KeyboardInterrupt):

@@ -58,10 +58,11 @@ class Startup:
         gc.disable()
         return self
 
-    def mark(self, phase: str) -> None:
-        """``phase`` (one of StartupProfile.PHASES) ends now; a phase marked again keeps its first end."""
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """``phase`` (one of StartupProfile.PHASES) ends now, or ``at`` (seconds since the epoch); a phase marked
+        again keeps its first end."""
         assert phase in StartupProfile.PHASES, phase
-        self.marks.setdefault(phase, time.time())
+        self.marks.setdefault(phase, time.time() if at is None else at)
 
     def profile(self, rank: int, host: str) -> StartupProfile:
         """The phases marked so far, each from the end of the one before it that was marked."""

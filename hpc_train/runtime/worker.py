@@ -114,7 +114,8 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         if env.rank == 0 and cfg.script.torchrun_env:  # it hosts the scripts' store: torch, with the collector off
             import torch.distributed  # noqa: F401
         startup.done()
-        return _ended(rd, env, cfg, job, run_user_script(rd, env, cfg, job, early_stop=startup.signals))
+        fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
+        return _ended(rd, env, cfg, job, fit)
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
     try:
         fit = _train(rd, env, cfg, job, startup, trackers)
@@ -218,13 +219,13 @@ def _observers(
     trackers: TrackerLog | None,
     startup: Startup,
 ) -> StepObserver:
-    """What watches the trainer: the start-up profile, rank 0's goodput progress file, the watchdog, the
-    heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
+    """What watches the trainer: the start-up profile, rank 0's goodput progress file and straggler verdicts, the
+    watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
     is on record)."""
-    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, TrackerRows
+    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, StragglerLog, TrackerRows
     from hpc_train.train.hooks import Observers
 
-    progress = [ProgressFile(rd, env.rank)] if env.is_main else []
+    progress = [ProgressFile(rd, env.rank), StragglerLog(rd)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
     marks = StartupMarks(startup, rd, env.rank, env.hostname)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,22 @@ def nodes_heard(run_dir: RunDir, now: float, shown: int = 5) -> list[str]:
     return lines
 
 
+def straggler_lines(run_dir: RunDir, now: float) -> list[str]:
+    """The run's stragglers (``status/stragglers.json``): the ranks named in the latest window, or when the last
+    ones were and that they recovered; nothing for a run that never had one."""
+    reports = run_dir.straggler_reports()
+    named = [r for r in reports if r.ranks]
+    if not named:
+        return []
+    latest = reports[-1]
+    when = f"step {latest.step}, {now - latest.time:.0f} s ago"
+    if latest.ranks:
+        return [f"{run_dir.path}: {latest.describe()} ({when})"]
+    last = named[-1]
+    who = "; ".join(r.describe() for r in last.ranks)
+    return [f"{run_dir.path}: none now ({when}); the last: {who}, until step {last.step}"]
+
+
 def startup_maxima(run_dir: RunDir) -> dict[str, tuple[float, StartupProfile]]:
     """For each start-up phase (and hpc_train's own part, ``own``), its longest time and the rank it was on."""
     profiles = list(run_dir.startup_profiles().values())
@@ -217,60 +234,66 @@ DAMAGED_HINT = (
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
-    rows, failures, damaged, unreadable, timelines, heard, startups = [], [], [], [], [], [], []
+    rows, failures, damaged, unreadable, timelines, heard, startups, slow = [], [], [], [], [], [], [], []
     records: list[dict[str, Any]] = []
     goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
     packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
-    for rd in runs:
-        try:
-            state = _state(rd)
-        except ConfigError as exc:  # a run dir whose config.yaml no longer loads: the others are still shown
-            unreadable.append(f"hpc_train.jobs: {exc}")
-            continue
-        step = _step(state)
-        attempts = state.attempts
-        goodput = goodputs[str(rd.path.resolve())] = _goodput(rd, attempts)
-        last = attempts[-1] if attempts else None
-        ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
-        lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
-        attempt = last.attempt if last is not None else None
-        job = rd.read_job_record()
-        pack = job.get("pack")
-        if pack:
-            packed.setdefault(tuple(pack.get("members", [])), str(job.get("job_id", "")))
-        detail = state.detail or "-"
-        if pack:  # cluster.pack: the job it ran in ran its neighbours too
-            detail = f"pack member {pack['index']} of {len(pack['members'])} in job {state.job_id}; {detail}"
-        rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, detail])
-        tail = "" if state.ok else _failure_tail(rd, attempts)
-        if tail:
-            failures.append(tail)
-        timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
-        heard += nodes_heard(rd, time.time())
-        slowest = slowest_startup(rd)
-        if slowest:
-            startups.append(f"{rd.path}: {slowest}")
-        damaged += state.damaged
-        records.append(
-            {
-                "run_dir": str(rd.path),
-                "job_id": state.job_id,
-                "pack": pack,
-                "pack_goodput": None,  # (below, once every run's own ledger is known)
-                "state": state.state,
-                "done": state.done,
-                "ok": state.ok,
-                "step": step,
-                "attempt": attempt,
-                "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
-                "goodput": goodput,
-                "detail": state.detail,
-                "squeue": state.squeue,
-                "sacct": state.sacct,
-                "damaged": state.damaged,
-                "startup": {p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in startup_maxima(rd).items()},
-            }
-        )
+    with ExitStack() as held:
+        for rd in runs:
+            held.enter_context(rd.summaries_held())  # read once here, not once per view of the run
+            try:
+                state = _state(rd)
+            except ConfigError as exc:  # a run dir whose config.yaml no longer loads: the others are still shown
+                unreadable.append(f"hpc_train.jobs: {exc}")
+                continue
+            step = _step(state)
+            attempts = state.attempts
+            goodput = goodputs[str(rd.path.resolve())] = _goodput(rd, attempts)
+            last = attempts[-1] if attempts else None
+            ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
+            lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
+            attempt = last.attempt if last is not None else None
+            job = rd.read_job_record()
+            pack = job.get("pack")
+            if pack:
+                packed.setdefault(tuple(pack.get("members", [])), str(job.get("job_id", "")))
+            detail = state.detail or "-"
+            if pack:  # cluster.pack: the job it ran in ran its neighbours too
+                detail = f"pack member {pack['index']} of {len(pack['members'])} in job {state.job_id}; {detail}"
+            rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, detail])
+            tail = "" if state.ok else _failure_tail(rd, attempts)
+            if tail:
+                failures.append(tail)
+            timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
+            heard += nodes_heard(rd, time.time())
+            slow += straggler_lines(rd, time.time())
+            slowest = slowest_startup(rd)
+            if slowest:
+                startups.append(f"{rd.path}: {slowest}")
+            damaged += state.damaged
+            records.append(
+                {
+                    "run_dir": str(rd.path),
+                    "job_id": state.job_id,
+                    "pack": pack,
+                    "pack_goodput": None,  # (below, once every run's own ledger is known)
+                    "state": state.state,
+                    "done": state.done,
+                    "ok": state.ok,
+                    "step": step,
+                    "attempt": attempt,
+                    "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
+                    "goodput": goodput,
+                    "detail": state.detail,
+                    "squeue": state.squeue,
+                    "sacct": state.sacct,
+                    "damaged": state.damaged,
+                    "startup": {
+                        p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in startup_maxima(rd).items()
+                    },
+                    "stragglers": next((r.to_json() for r in rd.straggler_reports()[-1:]), None),
+                }
+            )
     pack_ledgers = _pack_ledgers(packed, goodputs)
     for record in records:
         if record["pack"]:
@@ -286,6 +309,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if heard:
             print("\nnodes whose ranks have not said they ended (each node's summary, status/node_<host>.json):")
             print("\n".join(f"  {line}" for line in heard))
+        if slow:
+            print("\nstragglers (own compute time per step against the median rank's, status/stragglers.json):")
+            print("\n".join(f"  {line}" for line in slow))
         if startups:
             print("\nstart-up, the slowest rank of each phase (seconds):")
             print("\n".join(f"  {line}" for line in startups))

@@ -5,7 +5,9 @@ the goodput ledger splits them (``core.goodput``): start-up (the job's start to 
 training (up to the step the run kept), redone work (steps after the last checkpoint, trained again by the next
 attempt, and a failed attempt's teardown), and the restart gaps between attempts. Before each allocation, its
 wait in the queue (from the submission, or from the end of the allocation before it). Marks: checkpoints, stop
-signals and failures. The title gives the ETTR (productive time / allocated time).
+signals and failures. Under an allocation's bar, a thin band for each straggler the run named
+(``status/stragglers.json``): from the first of its slow windows to the last. The title gives the ETTR
+(productive time / allocated time).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Timeline:
     """One label per allocation: its job id and requeue count."""
     bars: list[Bar] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    slow: list[Bar] = field(default_factory=list)
+    """Stragglers (kind ``straggler``): a rank's run of slow windows, on the row of its allocation."""
     goodput: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -144,7 +148,31 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
         if on_row is not None:
             out.marks.append(Mark(on_row, "grow", growth.time, f"grow to {growth.nodes_expected}"))
     out.marks += _checkpoint_marks(rd, out, allocations_rows=row_of, attempts=attempts)
+    out.slow = _straggler_spans(rd, allocations)
     return out
+
+
+STRAGGLER_COLOUR = "#b5179e"
+
+
+def _straggler_spans(rd: RunDir, allocations: list[Any]) -> list[Bar]:
+    """Each straggler's run of slow windows (its first window's start to its last window's end), on the row of
+    the allocation it began in."""
+    ends: dict[tuple[int, float], tuple[float, str]] = {}
+    for report in rd.straggler_reports():
+        for slow in report.ranks:
+            if slow.since_time is None:
+                continue
+            text = f"rank {slow.rank}{f' ({slow.host})' if slow.host else ''} {slow.slowdown:.1f}x"
+            key = (slow.rank, slow.since_time)
+            if key not in ends or report.time >= ends[key][0]:
+                ends[key] = (report.time, text)
+    spans = []
+    for (_, since), (until, text) in sorted(ends.items(), key=lambda item: item[0][1]):
+        rows = [r for r, a in enumerate(allocations) if a.start <= since and (a.end is None or since <= a.end)]
+        if rows:
+            spans.append(Bar(rows[-1], "straggler", since, until, text))
+    return spans
 
 
 def _signalled(entry: RequeueEntry, attempt: AttemptRecord | None) -> float | None:
@@ -209,6 +237,10 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
         "failure": ("X", "#c1121f", 9),
         "grow": ("^", "#1d3557", 9),
     }
+    for span in line.slow:
+        left, width = (span.start - origin) / 60, max((span.end - span.start) / 60, 0.05)
+        ax.barh(span.row + 0.34, width, left=left, height=0.1, color=STRAGGLER_COLOUR)
+        ax.text(left, span.row + 0.42, span.text, ha="left", va="top", fontsize=7, color=STRAGGLER_COLOUR)
     for mark in line.marks:
         symbol, colour, size = styles[mark.kind]
         x = (mark.time - origin) / 60
@@ -216,11 +248,14 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
         if mark.kind != "checkpoint":
             ax.text(x, mark.row - 0.33, mark.text, ha="center", va="bottom", fontsize=7, color=colour)
     ax.set_yticks(range(len(line.rows)), line.rows)
-    ax.set_ylim(len(line.rows) - 0.4, -0.8)
+    ax.set_ylim(len(line.rows) - 0.4 + (0.15 if line.slow else 0.0), -0.8)
     ax.set_xlabel("minutes since the submission")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in COLOURS]
     handles += [plt.Line2D([], [], marker=s, color=c, linestyle="") for s, c, _ in styles.values()]
     names = [LABELS[k] for k in COLOURS] + ["checkpoint", "stop signal", "failure", "decision to grow"]
+    if line.slow:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=STRAGGLER_COLOUR))
+        names.append("straggler (its own time x the median)")
     ax.legend(
         handles,
         names,

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpc_train.core.records import StragglerReport
 
 __all__ = ["BUILDING_MODEL", "STARTING_FIT", "FitResult", "Observers", "Serialize", "StepObserver"]
 
@@ -42,6 +45,9 @@ class StepObserver:
 
     def on_saved(self, step: int) -> None:
         """The state of ``step`` is on disk (a checkpoint, or the final weights); rank 0 only."""
+
+    def on_stragglers(self, report: StragglerReport) -> None:
+        """A window of straggler figures was judged (``hpc_train.distributed.stragglers``); rank 0 only."""
 
     def checkpoint_writer(self, serialize: Serialize) -> Serialize:
         """The serializer the checkpoints use, given the one they would use otherwise."""
@@ -77,6 +83,10 @@ class Observers(StepObserver):
     def on_saved(self, step: int) -> None:
         for observer in self.observers:
             observer.on_saved(step)
+
+    def on_stragglers(self, report: StragglerReport) -> None:
+        for observer in self.observers:
+            observer.on_stragglers(report)
 
     def checkpoint_writer(self, serialize: Serialize) -> Serialize:
         for observer in self.observers:

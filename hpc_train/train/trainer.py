@@ -25,9 +25,11 @@ from tqdm import tqdm
 from hpc_train.config import Config, TrainerConfig
 from hpc_train.config.shape import Shape
 from hpc_train.core.errors import ConfigError, Diverged, tag_step
+from hpc_train.core.files import read_json
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.distributed import DistEnv
+from hpc_train.distributed.stragglers import StragglerWatch, rank_places
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,
@@ -157,7 +159,28 @@ class Trainer:
         self.start_step = self.step
         """The step this attempt started from (0, or the resumed checkpoint's)."""
         self.metrics = run_dir.metrics_writer(enabled=env.is_main)  # after _resume, which may trim the file
+        self.stragglers = self._straggler_watch()
         self.observer.on_phase(STARTING_FIT)
+
+    def _straggler_watch(self) -> StragglerWatch | None:
+        """Each rank's own compute time, shared with rank 0 every cluster.stragglers.window_s (None: one rank,
+        or cluster.stragglers.enabled=false)."""
+        sc = self.cfg.cluster.stragglers
+        if not sc.enabled or self.env.world_size < 2:
+            return None
+        rows = read_json(self.run_dir.rank_table) if self.env.is_main else None
+        # Compiled, the hooks go on the compiled module's outside: a pre-hook inside would be traced with it.
+        module = self.model if self.cfg.trainer.compile else self.raw_model
+        return StragglerWatch(
+            module,
+            self.device,
+            rank=self.env.rank,
+            window_s=sc.window_s,
+            margin=sc.margin,
+            windows=sc.windows,
+            where=rank_places(rows if isinstance(rows, list) else []),
+            on_report=self.observer.on_stragglers,
+        )
 
     def _total_steps(self) -> int:
         tc = self.cfg.trainer
@@ -193,6 +216,8 @@ class Trainer:
         self.model.train()
         self.telemetry.start(self.step)
         self.observer.on_start(self.step)
+        if self.stragglers is not None:
+            self.stragglers.start(self.step)
         # Resumed from a checkpoint taken at the very end, or at an early stop that still holds (the same
         # patience): the run is over; running it again must not train on past it.
         stopped_early = 0 < self.cfg.trainer.early_stopping.patience <= self.early_stopping.bad_validations
@@ -213,7 +238,9 @@ class Trainer:
                     return self._complete()
                 # Whether any rank had a signal by the previous step: the same answer on every rank at this step.
                 # (A signal heard during this step's validation or checkpoint already is.)
-                stopped_by, due = (heard, False) if heard else self._agree()
+                stopped_by, due, window = (heard, False, False) if heard else self._agree()
+                if window and self.stragglers is not None:  # every rank, at this same step
+                    self.stragglers.exchange(self.step, self.control)
                 if not stopped_by and self.step == self.start_step + 1:
                     # The first step can be long (a compile, the first collectives): a signal during it is
                     # served now, by a blocking agreement, rather than a step later.
@@ -231,15 +258,18 @@ class Trainer:
             self.step_in_epoch = 0
         return self._complete()
 
-    def _agree(self, final: bool = False) -> tuple[int, bool]:
+    def _agree(self, final: bool = False) -> tuple[int, bool, bool]:
         """One agreement after a step (``StopSignals.agree_all``): the stop signal, the divergence flag of an
-        earlier step, and whether rank 0's clock says a time-based checkpoint is due. Raises Diverged.
-        ``final``: training has ended; the flags not agreed yet are, and no checkpoint is asked for."""
+        earlier step, whether rank 0's clock says a time-based checkpoint is due, and whether it says the ranks
+        share their straggler figures now. Raises Diverged. ``final``: training has ended; the flags not agreed
+        yet are, and no checkpoint or figures are asked for."""
         flagged, flagged_step = self.divergence.vote(final)
         vote = int(not final and self._checkpoint_due())
-        signal, flagged, flagged_step, due = self.stop.agree_all(self.control, [flagged, flagged_step, vote])
+        window = int(not final and self.stragglers is not None and self.stragglers.due())
+        agreed = self.stop.agree_all(self.control, [flagged, flagged_step, vote, window])
+        signal, flagged, flagged_step, due, shared = agreed
         self.divergence.agreed(flagged, flagged_step)
-        return signal, bool(due)
+        return signal, bool(due), bool(shared) and not final
 
     def _checkpoint_due(self) -> bool:
         """Rank 0's vote for a time-based checkpoint: once per save (the vote is agreed a step later, and the
@@ -752,6 +782,8 @@ class Trainer:
         self.progress.close()
         self.metrics.close()
         self.telemetry.close()
+        if self.stragglers is not None:
+            self.stragglers.close()
 
 
 def binding_limit(tc: TrainerConfig, steps_per_epoch: int) -> str:

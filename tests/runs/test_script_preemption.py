@@ -70,5 +70,10 @@ def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Back
     starts = [int(s) for s in (out / "starts.txt").read_text().split()]
     assert starts[0] == 0 and starts[1] > 0, starts
     assert (RunDir(run_dir).logs / "rank_0.restart1.log").exists()  # the second attempt's logs are its own
+    # Each rank's start-up, as far as hpc_train sees a script: its own phases, then the script to its first step.
+    profiles = RunDir(run_dir).startup_profiles()
+    assert sorted(profiles) == [0, 1], profiles
+    assert all(p.script_s and p.resolve_s is not None and p.model_s is None for p in profiles.values()), profiles
+    assert "script " in (RunDir(run_dir).logs / "rank_1.restart1.log").read_text()
     final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
     assert all(torch.equal(final[k], expected[k]) for k in expected), "the resumed run's weights differ"

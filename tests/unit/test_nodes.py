@@ -161,6 +161,39 @@ def test_steady_training_writes_one_summary_per_node_per_period(tmp_path: Path, 
     assert min(s.step or 0 for s in RunDir(tmp_path / "run").rank_statuses().values()) >= step - 30
 
 
+def test_a_summary_that_cannot_be_written_is_said_once_and_tried_again_each_period(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    """A full run dir: the reporter warns once, tries again every period (not every tick), and recovers."""
+    monkeypatch.setattr(nodes, "SOON_S", 0.05)
+    tries: list[float] = []
+    full = [True]
+    real = nodes.write_json_atomic
+
+    def write(path: Path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if path.parent.name == "status":
+            tries.append(time.monotonic())
+            if full[0]:
+                raise OSError(28, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(nodes, "write_json_atomic", write)
+    rd = _rank(tmp_path / "run", tmp_path / "shm", local_ranks=1)
+    assert rd.node is not None
+    rd.node.every_s = 0.4
+    rd.write_status(1, RankState.RUNNING, step=1)
+    with caplog.at_level("WARNING", logger="hpc_train.core.nodes"):
+        rd.node.start()
+        time.sleep(1.3)
+        full[0] = False
+        _wait(lambda: RunDir(tmp_path / "run").node_summaries() != [])
+        rd.node.close()
+    failed = [t for t in tries if t < tries[-1]]
+    assert 2 <= len(failed) <= 5, f"{len(failed)} tries in 1.3 s with a period of 0.4 s"
+    warned = [r for r in caplog.records if "could not write its summary" in r.getMessage()]
+    assert len(warned) == 1 and "No space left" in warned[0].getMessage(), caplog.text
+
+
 def test_a_damaged_summary_is_listed_and_its_ranks_left_out(tmp_path: Path) -> None:
     status = tmp_path / "run" / "status"
     status.mkdir(parents=True)

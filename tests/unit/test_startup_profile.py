@@ -12,6 +12,7 @@ import pytest
 from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.records import NodeSummary, StartupProfile
 from hpc_train.core.rundir import RunDir
+from hpc_train.distributed import DistEnv
 from hpc_train.runtime import startup as startup_module
 from hpc_train.runtime.observers import StartupMarks
 from hpc_train.runtime.startup import Startup, process_started_at
@@ -73,3 +74,71 @@ def test_jobs_status_names_the_slowest_rank_of_each_phase(tmp_path: Path) -> Non
         "2 ranks: imports 3.00 (rank 5, b), rendezvous 0.50 (rank 0, a), model 0.30 (rank 5, b), "
         "hpc_train own 0.30 (rank 5, b)"
     )
+
+
+def _script_run_dir(tmp_path: Path, node: bool) -> RunDir:
+    rd = RunDir(tmp_path / "run")
+    channel = NodeChannel.open(rd.path, rd.status_dir, job="1.0.0", local_ranks=1, base=tmp_path) if node else None
+    rd = RunDir(rd.path, node=channel)
+    rd.write_status(0, "running")  # as run_user_script does first
+    return rd
+
+
+@pytest.mark.parametrize("node", [True, False])
+def test_a_script_s_start_up_ends_at_the_first_step_it_reports(tmp_path: Path, monkeypatch, node: bool) -> None:  # type: ignore[no-untyped-def]
+    from hpc_train.core.records import Progress
+    from hpc_train.runtime import script as script_module
+
+    monkeypatch.setattr(script_module, "FIRST_STEP_POLL_S", 0.05)
+    rd = _script_run_dir(tmp_path, node)
+    env = _one_rank()
+    startup = Startup()
+    startup.mark("resolve")
+    with script_module.script_startup(rd, env, startup):
+        if node:  # reported as the script starts: the worker's own phases, no script phase yet
+            (before,) = _flushed(rd)
+            assert before.resolve_s is not None and before.imports_s is not None and before.script_s is None
+        stepped = time.time() + 0.3  # the step the script reports is the end of its start-up, not the poll's
+        rd.write_progress(0, Progress(first_step=1, first_time=stepped, step=1, time=stepped))
+        if node:
+            deadline = time.monotonic() + 5
+            while "script" not in startup.marks and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert "script" in startup.marks  # seen while the script runs, not only at its end
+    assert startup.marks["script"] == stepped
+    if node:
+        (profile,) = _flushed(rd)
+        assert profile.script_s == pytest.approx(stepped - startup.marks["imports"], abs=1e-3)
+        assert profile.own_s == pytest.approx(profile.resolve_s or 0.0)
+
+
+def test_a_script_that_reports_no_step_has_no_script_phase(tmp_path: Path) -> None:
+    from hpc_train.runtime.script import script_startup
+
+    rd = _script_run_dir(tmp_path, True)
+    startup = Startup()
+    with script_startup(rd, _one_rank(), startup):
+        pass
+    assert "script" not in startup.marks
+    (profile,) = _flushed(rd)
+    assert profile.script_s is None and profile.interpreter_s is not None
+
+
+def _one_rank() -> DistEnv:
+    return DistEnv(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        source="single",
+        hostname="n1",
+    )
+
+
+def _flushed(rd: RunDir) -> list[StartupProfile]:
+    assert rd.node is not None and rd.node.flush() is not None
+    return list(RunDir(rd.path).startup_profiles().values())

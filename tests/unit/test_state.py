@@ -539,3 +539,34 @@ def test_number_ranges_first_few_and_hostlists() -> None:
     assert number_ranges([]) == ""
     assert first_few(["a", "b"], 3) == "a, b" and first_few(list("abcdefg"), 3) == "a, b, c and 4 more"
     assert compress_hostlist(["node3", "node1", "node2", "gpu07", "node2"]) == "gpu07,node[1-3]"
+
+
+def test_jobs_status_reads_the_nodes_summaries_once_per_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 1,024 nodes a read of the summaries is a thousand files: the state, the progress, the nodes heard and
+    the start-up of one run dir come from one read."""
+    from hpc_train.core import rundir as rundir_module
+    from hpc_train.core.files import write_json_atomic
+    from hpc_train.core.records import NodeSummary, RankStatus, StartupProfile
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    rd = local_run(tmp_path, {0: "running"}, pid=os.getpid())
+    for n, host in enumerate(("n1", "n2", "n3")):
+        ranks = tuple(RankStatus(rank=r, state="running", host=host, time=time.time(), step=40) for r in (2 * n + 1,))
+        startup = (StartupProfile(rank=2 * n + 1, host=host, imports_s=2.0 + n),)
+        write_json_atomic(
+            rd.node_summary(host), NodeSummary(host=host, time=time.time(), ranks=ranks, startup=startup).to_json()
+        )
+    reads: list[str] = []
+    real = rundir_module.read_json
+
+    def counted(path: Path) -> object:
+        if path.name.startswith("node_"):
+            reads.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(rundir_module, "read_json", counted)
+    assert jobs_main(["status", str(rd.path)]) == 0
+    assert "imports 4.00 (rank 5, n3)" in capsys.readouterr().out  # the summaries were read, and used
+    assert sorted(reads) == ["node_n1.json", "node_n2.json", "node_n3.json"], reads

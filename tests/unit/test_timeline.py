@@ -71,7 +71,24 @@ def test_marks_show_the_stop_the_failure_and_the_checkpoints(run: RunDir) -> Non
     }
 
 
+def test_a_straggler_is_a_band_from_its_first_slow_window_to_its_last(run: RunDir) -> None:
+    from hpc_train.core.records import SlowRank, StragglerReport
+
+    def window(at: float, *slow: int) -> StragglerReport:
+        ranks = tuple(SlowRank(rank=r, host="n2", slowdown=1.6, since_time=T + 90) for r in slow)
+        return StragglerReport(time=T + at, median_s=0.1, slowest_s=0.16, ranks=ranks)
+
+    for at, slow in [(85, ()), (95, (3,)), (105, (3,)), (110, ())]:
+        run.record_stragglers(window(at, *slow))
+    (span,) = timeline(run).slow
+    assert (span.row, span.start - T, span.end - T, span.text) == (1, 90, 105, "rank 3 (n2) 1.6x")
+
+
 def test_the_png_and_the_status_line(run: RunDir, capsys: pytest.CaptureFixture[str]) -> None:
+    from hpc_train.core.records import SlowRank, StragglerReport
+
+    slow = (SlowRank(rank=1, slowdown=2.0, since_time=T + 100),)
+    run.record_stragglers(StragglerReport(time=T + 150, median_s=0.1, slowest_s=0.2, ranks=slow))
     assert plot_main([str(run.path), "--timeline"]) == 0
     png = run.path / "plots" / "timeline.png"
     assert capsys.readouterr().out.strip() == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,174 @@
+"""Stragglers in real multi-process runs: the clock leaves out the wait at DDP's all-reduce, and a local run with
+one rank really slowed (its process under a CPU quota, not a sleep in the product) names that rank; a run with
+no slow rank names none."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from hpc_train.core.rundir import RunDir
+
+from ..conftest import REPO, Background
+
+pytestmark = pytest.mark.slow
+
+
+def _clocked_ddp(rank: int, folder: str) -> None:
+    """One rank of 2: DDP over gloo; rank 1's forward is slow (the test's model sleeps), rank 0 waits for it."""
+    import time as clock
+
+    import torch
+    import torch.distributed as dist
+
+    from hpc_train.distributed.stragglers import ComputeClock
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(folder, "store"), 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if rank == 1:
+                clock.sleep(0.1)
+            return self.layer(x)
+
+    inner = Model()
+    model = torch.nn.parallel.DistributedDataParallel(inner)
+    timer = ComputeClock(inner)
+    started = clock.perf_counter()
+    for _ in range(5):
+        model(torch.ones(4, 8)).sum().backward()
+    wall = clock.perf_counter() - started
+    seconds, intervals = timer.take()
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as out:
+        json.dump({"seconds": seconds, "intervals": intervals, "wall": wall}, out)
+    dist.destroy_process_group()
+
+
+def test_the_clock_leaves_out_the_wait_for_the_slow_rank(tmp_path: Path) -> None:
+    mp.start_processes(_clocked_ddp, args=(str(tmp_path),), nprocs=2, start_method="spawn")
+    fast, slow = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert fast["intervals"] == slow["intervals"] == 5
+    assert fast["wall"] >= 0.45  # rank 0 waited for rank 1 at every step...
+    assert fast["seconds"] < 0.15 < 0.45 <= slow["seconds"], (fast, slow)  # ...and its clock does not count it
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def _throttle(pid: int, name: str, share: float) -> Path:
+    """Put ``pid`` under a CPU quota of ``share`` of one core (cgroup v1 cpu controller)."""
+    group = CPU_CGROUP / name
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
+    for task in Path(f"/proc/{pid}/task").iterdir():  # every thread of the rank, not only its main one
+        (group / "tasks").write_text(task.name)
+    return group
+
+
+def _release(group: Path) -> None:
+    for task in (group / "tasks").read_text().split():
+        with suppress(OSError):  # gone meanwhile
+            (CPU_CGROUP / "tasks").write_text(task)
+    group.rmdir()
+
+
+TUTORIAL = REPO / "hpc_train" / "examples" / "ddp_tutorial.py"
+
+
+def _train(run_dir: Path, what: str) -> list[str]:
+    """A long 2-rank run of the built-in trainer, or of a DDP script that knows nothing of hpc_train."""
+    if what == "script":
+        work = [f"script.path={TUTORIAL}", f"script.args=[--out,{run_dir / 'out'},--steps,100000000]"]
+    else:
+        work = ["trainer.max_steps=1000000", "trainer.max_epochs=0", "trainer.val_every_n_epochs=0"]
+        work += ["trainer.plots=false", "trainer.progress_bar=false", "data.num_samples=200000"]
+    return [
+        sys.executable,
+        "-m",
+        "hpc_train",
+        f"hydra.run.dir={run_dir}",
+        "cluster=local",
+        "cluster.tasks_per_node=2",
+        "cluster.stragglers.window_s=2",
+        "cluster.stragglers.windows=3",
+        "cluster.status_every_s=1",
+        *work,
+    ]
+
+
+def _stop(run: Background) -> None:
+    """Ctrl-C the launcher, as a user would, and wait for the ranks to save and end."""
+    run.proc.send_signal(signal.SIGINT)
+    run.proc.wait(timeout=120)
+
+
+def _rank_pid(run_dir: Path, rank: int, what: str, timeout: float = 120) -> int:
+    """The pid of the process that trains as ``rank`` once it trains: the worker, or the script it started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rd = RunDir(run_dir)
+        status = rd.rank_statuses().get(rank)
+        if status is not None and status.pid and (status.step or what == "script"):
+            if what == "trainer":
+                return status.pid
+            children = Path(f"/proc/{status.pid}/task/{status.pid}/children")
+            pids = children.read_text().split() if children.exists() else []
+            if pids and any(rd.node_summaries()):  # the script runs
+                return int(pids[0])
+        time.sleep(0.5)
+    raise AssertionError(f"rank {rank} of {run_dir} did not train in {timeout} s")
+
+
+@pytest.mark.skipif(
+    not (CPU_CGROUP / "tasks").exists() or os.geteuid() != 0, reason="needs root and the cgroup v1 cpu controller"
+)
+@pytest.mark.parametrize("what", ["trainer", "script"])
+def test_a_rank_under_a_cpu_quota_is_named_and_a_run_without_one_names_none(tmp_path: Path, what: str) -> None:
+    slowed = Background(_train(tmp_path / "slowed", what), tmp_path / "slowed" / "x", tmp_path / "s.out")
+    group = None
+    try:
+        pid = _rank_pid(tmp_path / "slowed", 1, what)
+        group = _throttle(pid, f"hpc_train_test_{os.getpid()}", 0.25)
+        throttled_at = time.monotonic()
+        found = None
+        while found is None and time.monotonic() - throttled_at < 90:
+            time.sleep(1)
+            named = [e for e in RunDir(tmp_path / "slowed").straggler_reports() if e.ranks]
+            found = named[-1] if named else None
+        named_after = time.monotonic() - throttled_at
+    finally:
+        _stop(slowed)
+        if group is not None:
+            _release(group)
+    assert found is not None, "rank 1, under a quarter of a core, was never named"
+    (slow,) = found.ranks
+    assert slow.rank == 1 and slow.host and slow.device == "cpu" and slow.slowdown >= 1.25, found
+    assert (slow.since_step is None) == (what == "script")  # a script's windows have no step number
+    log = (tmp_path / "slowed" / "logs" / "rank_0.log").read_text()
+    assert "straggler: rank 1 (" in log and "of its samples/s to the slowest" in log
+    print(f"named {named_after:.1f} s after the quota (2 s windows, 3 in a row): {found.describe()}")
+
+    # The same run, no quota, for as long as the slowed one took to be named and more: nobody is named.
+    steady = Background(_train(tmp_path / "steady", what), tmp_path / "steady" / "x", tmp_path / "t.out")
+    try:
+        _rank_pid(tmp_path / "steady", 1, what)
+        time.sleep(max(15.0, named_after + 5))
+    finally:
+        _stop(steady)
+    reports = RunDir(tmp_path / "steady").straggler_reports()
+    assert reports and not any(e.ranks for e in reports), [e.describe() for e in reports]

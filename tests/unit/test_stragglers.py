@@ -1,0 +1,222 @@
+"""Stragglers (hpc_train.distributed.stragglers): each rank's own compute time, rank 0's verdict per window, and
+where the verdict goes (the log, status/stragglers.json, the trackers)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_train.core.records import SlowRank, StragglerReport
+from hpc_train.core.rundir import RunDir
+from hpc_train.distributed.stragglers import ComputeClock, RankWindow, StragglerJudge, rank_places
+from hpc_train.runtime.observers import StragglerLog, straggler_figures
+
+
+class _Slow(torch.nn.Module):
+    """A model whose forward takes at least ``pause`` seconds (a test's stand-in for slow compute)."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+        self.pause = pause
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.pause)
+        return self.layer(x)
+
+
+def _step(model: torch.nn.Module) -> None:
+    model(torch.ones(2, 4)).sum().backward()
+
+
+def test_the_clock_counts_forward_and_backward_and_nothing_after() -> None:
+    model = _Slow(pause=0.05)
+    clock = ComputeClock(model)
+    _step(model)
+    time.sleep(0.2)  # the optimizer, the data, a wait: not the rank's forward and backward
+    _step(model)
+    seconds, intervals = clock.take()
+    assert intervals == 2 and 0.1 <= seconds < 0.3, seconds
+    assert clock.take() == (0.0, 0)  # taken: the next window starts empty
+
+
+def test_a_forward_without_backward_is_not_counted() -> None:
+    model = _Slow(pause=0.05)
+    clock = ComputeClock(model)
+    with torch.no_grad():
+        model(torch.ones(2, 4))  # validation
+    model(torch.ones(2, 4))  # a forward whose backward never comes (an exception, a skipped batch)
+    assert clock.take() == (0.0, 0)
+    _step(model)
+    assert clock.take()[1] == 1
+
+
+def test_closing_the_clock_removes_its_hooks() -> None:
+    model = _Slow()
+    clock = ComputeClock(model)
+    clock.close()
+    _step(model)
+    assert clock.take() == (0.0, 0)
+    assert not model._forward_pre_hooks and all(not p._post_accumulate_grad_hooks for p in model.parameters())  # type: ignore[attr-defined]
+
+
+def _window(*per_step: float) -> list[RankWindow]:
+    return [RankWindow(rank, s, host=f"n{rank}", device="cpu") for rank, s in enumerate(per_step)]
+
+
+def test_a_rank_slow_for_enough_windows_in_a_row_is_named_with_what_it_costs() -> None:
+    judge = StragglerJudge(margin=1.25, windows=3)
+    figures = _window(0.10, 0.11, 0.10, 0.20)
+    first = judge.judge(figures, step=100, now=1000.0)
+    assert first.ranks == () and first.median_s == pytest.approx(0.105)  # slow once: not yet
+    judge.judge(figures, step=200, now=1060.0)
+    third = judge.judge(figures, step=300, now=1120.0)
+    (slow,) = third.ranks
+    assert (slow.rank, slow.host, slow.since_step, slow.since_time, slow.windows) == (3, "n3", 100, 1000.0, 3)
+    assert slow.slowdown == pytest.approx(0.20 / 0.105, rel=1e-3)
+    assert third.lost_fraction == pytest.approx(1 - 0.105 / 0.20)
+    assert "rank 3 (n3, cpu) 1.91x the median for 3 windows, since step 100" in third.describe()
+    assert "loses 48% of its samples/s" in third.describe()
+
+
+def test_a_window_at_normal_speed_starts_the_count_again_and_no_slow_rank_names_none() -> None:
+    judge = StragglerJudge(margin=1.25, windows=2)
+    judge.judge(_window(0.1, 0.1, 0.3), step=1)
+    judge.judge(_window(0.1, 0.1, 0.1), step=2)  # recovered
+    assert judge.judge(_window(0.1, 0.1, 0.3), step=3).ranks == ()
+    assert judge.judge(_window(0.1, 0.1, 0.3), step=4).ranks[0].since_step == 3
+    steady = StragglerJudge(margin=1.25, windows=1)
+    assert steady.judge(_window(0.1, 0.11, 0.12, 0.1), step=1).ranks == ()  # noise, under the margin
+
+
+def test_ranks_that_measured_nothing_take_no_part() -> None:
+    judge = StragglerJudge(margin=1.25, windows=1)
+    report = judge.judge(_window(0.0, 0.1, 0.1, 0.0), step=5)  # two ranks with no step in the window
+    assert report.ranks == () and report.median_s == pytest.approx(0.1)
+    assert judge.judge(_window(0.2), step=6).ranks == ()  # one rank: nobody to compare with
+
+
+def test_the_device_of_a_rank_names_its_gpu_as_the_node_numbers_it() -> None:
+    rows = [
+        {"rank": 0, "host": "g1", "device": "cuda:0", "cuda_visible_devices": "4,5"},
+        {"rank": 1, "host": "g1", "device": "cuda:1", "cuda_visible_devices": "4,5"},
+        {"rank": 2, "host": "c1", "device": "cpu", "cuda_visible_devices": ""},
+        {"rank": "x"},
+    ]
+    assert rank_places(rows) == {0: ("g1", "cuda:0 (GPU 4)"), 1: ("g1", "cuda:1 (GPU 5)"), 2: ("c1", "cpu")}
+
+
+def _report(step: int, *slow: int, now: float = 0.0) -> StragglerReport:
+    ranks = tuple(SlowRank(rank=r, host=f"n{r}", slowdown=1.5, since_step=1) for r in slow)
+    return StragglerReport(time=now or float(step), step=step, median_s=0.1, slowest_s=0.15, ranks=ranks)
+
+
+def test_the_verdicts_keep_one_entry_per_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_train.core import rundir as rundir_module
+
+    monkeypatch.setattr(rundir_module, "STRAGGLER_ENTRIES", 10)
+    rd = RunDir(tmp_path)
+    for step, slow in [(1, ()), (2, ()), (3, (2,)), (4, (2,)), (5, (2, 3)), (6, ())]:
+        rd.record_stragglers(_report(step, *slow))
+    entries = rd.straggler_reports()
+    assert [(e.step, [r.rank for r in e.ranks]) for e in entries] == [(2, []), (4, [2]), (5, [2, 3]), (6, [])]
+    for step in range(7, 40):  # a rank that flaps: bounded
+        rd.record_stragglers(_report(step, *((1,) if step % 2 else ())))
+    assert len(rd.straggler_reports()) == 10 and rd.straggler_reports()[-1].step == 39
+
+
+def test_rank_0_logs_each_window_with_a_straggler_and_says_when_it_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    observer = StragglerLog(RunDir(tmp_path))
+    with caplog.at_level(logging.INFO, logger="hpc_train"):
+        observer.on_stragglers(_report(10))
+        observer.on_stragglers(_report(20, 3))
+        observer.on_stragglers(_report(30))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[0].startswith("straggler: rank 3 (n3) 1.50x the median")
+    assert lines[1] == "straggler cleared: rank 3 (n3) is no longer slow (step 30)"
+    assert [e.step for e in RunDir(tmp_path).straggler_reports()] == [10, 20, 30]
+
+
+def test_the_trackers_get_the_slowest_rank_and_each_slow_node() -> None:
+    report = StragglerReport(
+        time=1.0,
+        step=5,
+        median_s=0.1,
+        slowest_s=0.2,
+        ranks=(
+            SlowRank(rank=3, host="n2", slowdown=2.0),
+            SlowRank(rank=2, host="n2", slowdown=1.6),
+            SlowRank(rank=7, slowdown=1.3),
+        ),
+    )
+    assert straggler_figures(report) == {
+        "stragglers/slowest_x_median": 2.0,
+        "stragglers/count": 3.0,
+        "stragglers/node/n2": 2.0,
+        "stragglers/node/rank7": 1.3,
+    }
+    assert straggler_figures(StragglerReport(time=1.0)) == {}
+
+
+def test_jobs_status_shows_the_stragglers_now_or_the_last_ones(tmp_path: Path) -> None:
+    from hpc_train.tools.jobs import straggler_lines
+
+    rd = RunDir(tmp_path)
+    assert straggler_lines(rd, 100.0) == []  # never measured
+    rd.record_stragglers(_report(10, now=50.0))
+    assert straggler_lines(rd, 100.0) == []  # measured, never slow
+    rd.record_stragglers(_report(20, 3, now=60.0))
+    (now,) = straggler_lines(rd, 100.0)
+    assert now.startswith(f"{rd.path}: straggler: rank 3 (n3) 1.50x") and now.endswith("(step 20, 40 s ago)")
+    rd.record_stragglers(_report(30, now=70.0))
+    (then,) = straggler_lines(rd, 100.0)
+    assert (
+        then
+        == f"{rd.path}: none now (step 30, 30 s ago); the last: rank 3 (n3) 1.50x the median, since step 1, until step 20"
+    )
+
+
+def test_a_hook_runs_after_its_module_is_first_imported_and_never_imports_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import importlib
+    import sys
+
+    from hpc_train.runtime.script_clock import _AfterImport
+
+    (tmp_path / "pkg_after").mkdir()
+    (tmp_path / "pkg_after" / "__init__.py").write_text("")
+    (tmp_path / "pkg_after" / "target.py").write_text("class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+    hook = _AfterImport("pkg_after.target", lambda module: seen.append(module.Thing.__name__))
+    monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
+    importlib.import_module("pkg_after")
+    assert seen == [] and hook in sys.meta_path  # the package alone: not yet
+    importlib.import_module("pkg_after.target")
+    assert seen == ["Thing"] and hook not in sys.meta_path  # once, then out of the way
+    for name in ("pkg_after.target", "pkg_after"):
+        sys.modules.pop(name)
+
+
+def test_rank_0_s_worker_judges_each_rank_s_newest_figure_once(tmp_path: Path) -> None:
+    from hpc_train.core.records import NodeSummary, RankCompute
+    from hpc_train.runtime.script_clock import judge_from_summaries
+
+    def node(host: str, *figures: tuple[int, float, float]) -> NodeSummary:
+        compute = tuple(
+            RankCompute(rank=r, time=t, per_interval_s=s, intervals=10, device="cpu") for r, t, s in figures
+        )
+        return NodeSummary(host=host, time=100.0, compute=compute)
+
+    judge = StragglerJudge(margin=1.25, windows=1)
+    summaries = [node("a", (0, 99.0, 0.1), (1, 98.0, 0.1)), node("b", (2, 99.5, 0.3), (3, 80.0, 5.0))]
+    report = judge_from_summaries(summaries, judge, now=100.0, window_s=5.0)
+    assert report is not None and report.ranks_measured == 3  # rank 3's figure is older than two windows
+    (slow,) = report.ranks
+    assert (slow.rank, slow.host, slow.since_step) == (2, "b", None)
+    assert judge_from_summaries(summaries, judge, now=101.0, window_s=5.0) is None  # nothing new since
