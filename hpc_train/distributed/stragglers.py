@@ -26,6 +26,7 @@ samples per second to the straggler.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ class ComputeClock:
     the host clock, or on CUDA events for a module on a GPU. ``take()`` returns what was measured since the last
     call. ``close()`` removes the hooks."""
 
-    EVENTS = 64
-    """CUDA event pairs kept at most: older unread ones are dropped (a GPU that far behind is read later)."""
+    EVENTS = 4096
+    """CUDA event pairs kept unread at most (a safeguard: the GPU finishes them a few steps behind the host, and
+    each backward reads those it has finished)."""
 
     def __init__(self, module: torch.nn.Module, device: torch.device | None = None) -> None:
         self.cuda = device is not None and device.type == "cuda"
@@ -54,6 +56,8 @@ class ComputeClock:
         self._seconds = 0.0
         self._intervals = 0
         self._pending: list[tuple[Any, Any]] = []
+        self._lock = threading.Lock()
+        """``take`` may come from another thread (a script's reporter) than the hooks' updates."""
         self._handles = [module.register_forward_pre_hook(self._forward)]
         self._handles += [
             p.register_post_accumulate_grad_hook(self._gradient) for p in module.parameters() if p.requires_grad
@@ -83,24 +87,36 @@ class ComputeClock:
                 return
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._pending = [*self._pending[-(self.EVENTS - 1) :], (self._start_event, end)]
+            with self._lock:
+                self._pending = [*self._pending[-(self.EVENTS - 1) :], (self._start_event, end)]
+                self._read_finished()
             self._start_event = None
         elif self._started is not None:
-            self._seconds += time.perf_counter() - self._started
-            self._intervals += 1
+            with self._lock:
+                self._seconds += time.perf_counter() - self._started
+                self._intervals += 1
             self._started = None
 
     def take(self) -> tuple[float, int]:
         """(seconds of own work, forward-backward intervals) measured since the last ``take``; on a GPU, the
         intervals the GPU has finished (those still running are counted at a later take)."""
-        if self.cuda:
-            done = [pair for pair in self._pending if pair[1].query()]
-            self._pending = [pair for pair in self._pending if not pair[1].query()]
-            self._seconds += sum(start.elapsed_time(end) for start, end in done) / 1000.0
-            self._intervals += len(done)
-        taken = self._seconds, self._intervals
-        self._seconds, self._intervals = 0.0, 0
+        with self._lock:
+            if self.cuda:
+                self._read_finished()
+            taken = self._seconds, self._intervals
+            self._seconds, self._intervals = 0.0, 0
         return taken
+
+    def _read_finished(self) -> None:
+        """Count the event pairs the GPU has passed: in order, from the oldest, without waiting for any (the
+        caller holds the lock)."""
+        done = 0
+        while done < len(self._pending) and self._pending[done][1].query():
+            start, end = self._pending[done]
+            self._seconds += start.elapsed_time(end) / 1000.0
+            done += 1
+        self._intervals += done
+        del self._pending[:done]
 
     def close(self) -> None:
         for handle in self._handles:
