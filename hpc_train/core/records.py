@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from hpc_train.core.textutil import asked_for
+from hpc_train.core.textutil import asked_for, first_few
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; only for annotations, which are not evaluated
@@ -810,5 +810,5 @@ class StragglerReport(_Record):
         if not self.ranks:
             return ""
         lost = f"; the job loses {100 * self.lost_fraction:.0f}% of its samples/s to the slowest"
-        named = "; ".join(r.describe() for r in self.ranks)
+        named = first_few([r.describe() for r in self.ranks], sep="; ")  # a slow rack: the first five, counted
         return f"straggler{'s' if len(self.ranks) > 1 else ''}: {named} (median {self.median_s:.4f} s/step){lost}"

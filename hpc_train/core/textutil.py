@@ -53,9 +53,10 @@ def number_ranges(numbers: Iterable[int]) -> str:
     return ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
 
 
-def first_few(items: Sequence[str], shown: int = 5) -> str:
-    """``a, b, c and 17 more``: a list that grows with the job named by its first few and counted."""
-    head = ", ".join(items[:shown])
+def first_few(items: Sequence[str], shown: int = 5, sep: str = ", ") -> str:
+    """``a, b, c and 17 more``: a list that grows with the job named by its first few and counted (``sep``
+    between them: "; " for items that hold commas themselves)."""
+    head = sep.join(items[:shown])
     return head if len(items) <= shown else f"{head} and {len(items) - shown} more"
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_train.core.records import Progress, StragglerReport
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
+from hpc_train.core.textutil import first_few
 from hpc_train.tracking import TrackerLog
 from hpc_train.train.hooks import BUILDING_MODEL, STARTING_FIT, StepObserver
 from hpc_train.train.watchdog import Watchdog
@@ -170,14 +171,17 @@ class StragglerLog(StepObserver):
     def on_stragglers(self, report: StragglerReport) -> None:
         log = logging.getLogger("hpc_train")
         now = {r.rank: r.host for r in report.ranks}
-        for rank, host in self._named.items():
-            if rank not in now:
-                log.info(
-                    "straggler cleared: rank %d%s is no longer slow (step %s)",
-                    rank,
-                    f" ({host})" * bool(host),
-                    report.step,
-                )
+        cleared = [
+            f"rank {rank}{f' ({host})' if host else ''}" for rank, host in self._named.items() if rank not in now
+        ]
+        if cleared:  # one line, however many recovered at once (a rack at 1,000 nodes)
+            log.info(
+                "straggler%s cleared: %s %s no longer slow (step %s)",
+                "s" if len(cleared) > 1 else "",
+                first_few(cleared),
+                "are" if len(cleared) > 1 else "is",
+                report.step,
+            )
         self._named = now
         if report.ranks:
             log.warning("%s", report.describe())

@@ -220,3 +220,20 @@ def test_rank_0_s_worker_judges_each_rank_s_newest_figure_once(tmp_path: Path) -
     (slow,) = report.ranks
     assert (slow.rank, slow.host, slow.since_step) == (2, "b", None)
     assert judge_from_summaries(summaries, judge, now=101.0, window_s=5.0) is None  # nothing new since
+
+
+def test_a_slow_rack_is_one_line_naming_the_first_five(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    many = _report(10, *range(8))
+    assert (
+        many.describe().count("rank ") == 5
+        and "; rank 4 (n4) 1.50x the median, since step 1 and 3 more" in many.describe()
+    )
+    observer = StragglerLog(RunDir(tmp_path))
+    with caplog.at_level(logging.INFO, logger="hpc_train"):
+        observer.on_stragglers(many)
+        observer.on_stragglers(_report(20))
+    (cleared,) = [r.getMessage() for r in caplog.records if "cleared" in r.getMessage()]
+    assert (
+        cleared
+        == "stragglers cleared: rank 0 (n0), rank 1 (n1), rank 2 (n2), rank 3 (n3), rank 4 (n4) and 3 more are no longer slow (step 20)"
+    )
