@@ -168,7 +168,9 @@ def test_watchdog_ends_a_hung_job(run_cli, kind: str) -> None:  # type: ignore[n
 
 def test_ctrl_c_checkpoints_and_the_rerun_resumes(tmp_path: Path) -> None:
     """SIGINT to the launcher (what Ctrl-C sends): the ranks checkpoint; the same command again finishes."""
-    job = [*JOB, "trainer.max_steps=400", "model.hidden_sizes=[512,512]"]
+    # status_every_s=1: the step is read from the statuses, which the node reports every 10 s by default; a
+    # clean-clone run on an idle machine trained all 400 steps before the first report.
+    job = [*JOB, "trainer.max_steps=400", "model.hidden_sizes=[512,512]", "cluster.status_every_s=1"]
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *job]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
