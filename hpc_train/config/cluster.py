@@ -124,8 +124,11 @@ class SlurmConfig(Checked):
     """Extra srun arguments; --kill-on-bad-exit=1 and --wait are always there."""
     srun_wait_s: int = 60
     """srun --wait: after the first task ends, the others get this long before srun kills them."""
-    signal_lead_s: int = 90
-    """How long before the time limit the signal comes."""
+    signal_lead_s: str = "90"
+    """How long before the time limit the signal comes: whole seconds, or ``auto``, which derives the lead from
+    the run dir's measured step and checkpoint times (``hpc_train.runtime.timeouts``: AUTO_DEFAULT_LEAD_S on a
+    first run) at submission and again at each attempt, whose supervisor then signals the step itself. A string
+    so that it can hold ``auto``; a number is read as its digits."""
     array_parallelism: int = 0
     """For sweeps: how many array elements may run at once (0: no limit)."""
     max_restarts: int = 10
@@ -157,6 +160,48 @@ class SlurmConfig(Checked):
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()  # on every launcher: a value may reach a script or a command anyway
+
+    @property
+    def lead_auto(self) -> bool:
+        """``signal_lead_s=auto``: the lead is derived from the run's measurements."""
+        return str(self.signal_lead_s).strip().lower() == "auto"
+
+    @property
+    def fixed_lead_s(self) -> int | None:
+        """The lead the config sets, in seconds (None: ``auto``, or not a whole number, which ``check`` refuses)."""
+        text = str(self.signal_lead_s).strip()
+        return int(text) if text.isdigit() else None
+
+    def _check_lead(self, cluster: ClusterConfig) -> None:
+        """The signal lead is ``auto`` or whole seconds that sbatch takes, shorter than the time limit and no
+        shorter than srun's grace: once the first rank has ended its stop, srun gives the others
+        ``srun_wait_s`` before it kills them, so a stop may take that long, and all of it must come before the
+        time limit (where Slurm ends every rank, checkpoint written or not)."""
+        if self.lead_auto:
+            return
+        lead = self.fixed_lead_s
+        self._require(
+            lead is not None and lead <= 0xFFFF,
+            "signal_lead_s",
+            "must be auto or a whole number of seconds from 0 to 65535 (sbatch --signal takes at most 65535)",
+            "e.g. cluster.slurm.signal_lead_s=90, or cluster.slurm.signal_lead_s=auto",
+        )
+        assert lead is not None
+        self._require(
+            lead < cluster.timeout_min * 60,
+            "signal_lead_s",
+            f"must be shorter than the time limit (cluster.timeout_min={cluster.timeout_min:g})",
+            "e.g. cluster.slurm.signal_lead_s=90",
+        )
+        self._require(
+            lead >= self.srun_wait_s,
+            "signal_lead_s",
+            f"is shorter than srun's grace (cluster.slurm.srun_wait_s={self.srun_wait_s}): after the first rank "
+            "ends its stop, the others may take that long, and a stop must end before the time limit, where "
+            "Slurm kills every rank",
+            f"raise cluster.slurm.signal_lead_s to {self.srun_wait_s} or more (or auto), or lower "
+            "cluster.slurm.srun_wait_s",
+        )
 
     def check(self, cluster: ClusterConfig) -> None:
         """The rules of a Slurm job (``cluster.launcher=slurm``; other launchers ignore these keys), some of
@@ -194,14 +239,8 @@ class SlurmConfig(Checked):
             "must be a size such as 500M, 64G or 0 (all of the node's memory)",
             "e.g. cluster.slurm.mem=64G",
         )
-        self._bounded("signal_lead_s", 0, 0xFFFF, 90, why="sbatch --signal takes at most 65535 seconds")
-        self._require(
-            self.signal_lead_s < cluster.timeout_min * 60,
-            "signal_lead_s",
-            f"must be shorter than the time limit (cluster.timeout_min={cluster.timeout_min:g})",
-            "e.g. cluster.slurm.signal_lead_s=90",
-        )
         self._bounded("srun_wait_s", 0, YEAR_S, 60, why="365 days")
+        self._check_lead(cluster)
         for key in ("array_parallelism", "spare_nodes"):
             self._bounded(key, 0, INT32_MAX, 0, why="2**31-1: Slurm keeps it in 32 bits")
         self._require(

@@ -255,6 +255,9 @@ class Progress(_Record):
     checkpoint_step: int | None = None
     """The latest checkpoint's step and when it was complete (the trainer only)."""
     checkpoint_time: float | None = None
+    checkpoint_s: float | None = None
+    """The slowest checkpoint of this attempt: seconds from the save's start until it was durable (the trainer
+    only; ``hpc_train.runtime.timeouts`` sets the signal lead from it)."""
     stop_agreed: bool | None = None
     """A user's script: ``step`` is the one where the ranks agreed to stop."""
     attempt: int | None = None
@@ -271,6 +274,7 @@ class Progress(_Record):
         "time": _TIME,
         "checkpoint_step": _STEP,
         "checkpoint_time": _TIME,
+        "checkpoint_s": _SECONDS,
         "stop_agreed": _Key("is not true or false", _or_none(lambda v: isinstance(v, bool))),
         "attempt": _Key("is not an attempt number", _or_none(_integer)),
         "run": _Key("is not a run dir's path", _or_none(_string)),

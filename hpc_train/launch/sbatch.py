@@ -22,6 +22,7 @@ from hpc_train.core.rundir import BATCH_EXIT
 from hpc_train.core.textutil import format_table
 from hpc_train.distributed import resolve_environment
 from hpc_train.runtime.commands import SUPERVISOR, WORKER, srun_argv
+from hpc_train.runtime.timeouts import AUTO_DEFAULT_LEAD_S
 
 __all__ = [
     "JobSpec",
@@ -37,9 +38,13 @@ __all__ = [
 EXAMPLE_JOB_ID = 12345
 
 
-def sbatch_flags(cluster: ClusterConfig, pack: int = 1) -> dict[str, str | None]:
+def sbatch_flags(cluster: ClusterConfig, pack: int = 1, lead_s: int | None = None) -> dict[str, str | None]:
     """The resource flags of one job (or of each array element); None marks a flag without a value. ``pack``:
-    the runs that share the job (``cluster.pack``), each with ``cluster``'s tasks, GPUs and memory per node."""
+    the runs that share the job (``cluster.pack``), each with ``cluster``'s tasks, GPUs and memory per node.
+    ``lead_s``: the signal lead (``runtime.timeouts.derive_lead``; None: the one the config sets, or with
+    ``auto`` the default for a run with nothing measured)."""
+    if lead_s is None:
+        lead_s = cluster.slurm.fixed_lead_s if not cluster.slurm.lead_auto else None
     flags: dict[str, str | None] = {
         # Training nodes and spares, or the range from cluster.min_nodes: the supervisor picks among what it gets.
         "nodes": cluster.nodes_request,
@@ -48,7 +53,7 @@ def sbatch_flags(cluster: ClusterConfig, pack: int = 1) -> dict[str, str | None]
         "time": str(math.ceil(cluster.timeout_min)),
         "job-name": cluster.slurm.job_name,
         # Steps only (no "B:"): the ranks checkpoint; the batch shell traps the signal and waits for them.
-        "signal": f"{cluster.signal.upper().removeprefix('SIG')}@{cluster.slurm.signal_lead_s}",
+        "signal": f"{cluster.signal.upper().removeprefix('SIG')}@{AUTO_DEFAULT_LEAD_S if lead_s is None else lead_s}",
         # The ranks requeue the job after checkpointing on that signal; some sites default to --no-requeue.
         "requeue": None,
     }
@@ -123,15 +128,20 @@ class JobSpec:
 
 
 def job_spec(
-    cluster: ClusterConfig, run_dirs: Sequence[Path], log_dir: Path, python: str | None = None, pack: int = 1
+    cluster: ClusterConfig,
+    run_dirs: Sequence[Path],
+    log_dir: Path,
+    python: str | None = None,
+    pack: int = 1,
+    lead_s: int | None = None,
 ) -> JobSpec:
     """The spec for ``run_dirs`` (several: an array, of packs of ``pack``); Slurm writes its output under
-    ``log_dir``."""
+    ``log_dir``; ``lead_s``: the signal lead (``sbatch_flags``)."""
     pack = max(1, min(pack, len(run_dirs)))  # a sweep of fewer points than cluster.pack asks for those only
     name = "slurm-%A_%a.out" if len(run_dirs) > pack else "slurm-%j.out"
     return JobSpec(
         pack=pack,
-        flags=sbatch_flags(cluster, pack),
+        flags=sbatch_flags(cluster, pack, lead_s),
         setup=setup_lines(cluster),
         python=python or cluster.slurm.python or sys.executable,
         run_dirs=[Path(d) for d in run_dirs],

@@ -40,6 +40,7 @@ from hpc_train.launch.sbatch import (
 )
 from hpc_train.launch.shapes import format_shape_table, shape_table
 from hpc_train.launch.state import job_state
+from hpc_train.runtime.timeouts import derive_lead, kill_wait_s, measured, timeouts
 
 __all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
 
@@ -112,7 +113,8 @@ def _submit(
     leases: Sequence[owner.Lease],
 ) -> list[str]:
     # Live Slurm where it answers (a dry run too), else the facts a profile recorded, if any.
-    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir, pack=cfg.cluster.pack)
+    lead = _timeouts(cfg, run_dirs)
+    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir, pack=cfg.cluster.pack, lead_s=lead)
     facts = facts_for(cfg.cluster, live=True)
     if facts is not None:
         check_request(cfg.cluster, facts)
@@ -168,6 +170,20 @@ def _submit(
                 record["pack"] = {"index": i % spec.pack, "members": [str(m.path.resolve()) for m in members]}
             rd.write_job_record(record)
     return job_ids
+
+
+def _timeouts(cfg: Config, run_dirs: Sequence[RunDir]) -> int:
+    """Print the timeout hierarchy (``runtime.timeouts``) against what the first run dir measured, with a warning
+    for each pair a measurement shows inverted; the signal lead to submit (with ``auto``, the longest any of
+    the run dirs needs: an array shares one script)."""
+    kill_wait = kill_wait_s()
+    found = [measured(rd) for rd in run_dirs]
+    lead = max((derive_lead(cfg, each) for each in found), key=lambda each: each.seconds)
+    hierarchy = timeouts(cfg, found[0], kill_wait, lead)
+    print("\n".join(hierarchy.lines()), flush=True)
+    for warning in hierarchy.warnings():
+        print(f"hpc_train: WARNING: {warning}", file=sys.stderr, flush=True)
+    return lead.seconds
 
 
 def _choose_shape(cfg: Config, run_dir: RunDir, spec: JobSpec, script: Path) -> JobSpec:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from hpc_train.runtime.estimates import (
     steps_left,
     study_step_seconds,
 )
+from hpc_train.runtime.timeouts import slurm_config
 
 __all__ = ["AT_ONCE_S", "Estimate", "checkpoint_cost_s", "estimate", "larger_count", "requeue_gap_s"]
 
@@ -187,11 +187,5 @@ def requeue_gap_s(allocations: Sequence[Allocation]) -> tuple[float, str]:
 
 def _cred_expire_s() -> int | None:
     """AuthInfo's cred_expire from ``scontrol show config`` (None: not set there, or no answer)."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"^AuthInfo\s*=.*\bcred_expire=(\d+)", out, re.MULTILINE)
+    found = re.search(r"\bcred_expire=(\d+)", slurm_config("AuthInfo") or "")
     return int(found.group(1)) if found else None

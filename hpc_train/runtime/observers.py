@@ -94,6 +94,7 @@ class ProgressFile(StepObserver):
         self.first_time = 0.0
         self._written_at = 0.0
         self._saved: tuple[int, float] | None = None
+        self._slowest_save: float | None = None
 
     def on_start(self, step: int) -> None:
         self.start_step = self.step = step
@@ -105,6 +106,9 @@ class ProgressFile(StepObserver):
             self._write()
         elif time.monotonic() - self._written_at >= PROGRESS_EVERY_S:
             self._write()
+
+    def on_checkpoint_seconds(self, step: int, seconds: float) -> None:
+        self._slowest_save = max(seconds, self._slowest_save or 0.0)  # written with on_saved's record, next
 
     def on_saved(self, step: int) -> None:
         self.step = step
@@ -121,6 +125,7 @@ class ProgressFile(StepObserver):
             time=time.time(),
             checkpoint_step=saved_step,
             checkpoint_time=saved_time,
+            checkpoint_s=None if self._slowest_save is None else round(self._slowest_save, 3),
         )
         self.run_dir.write_progress(self.rank, record)
 

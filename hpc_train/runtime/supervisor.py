@@ -48,6 +48,7 @@ from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
 from hpc_train.runtime.srun import SrunStep, say, step_argv
+from hpc_train.runtime.timeouts import KILL_WAIT_VARIABLE, derive_lead, job_end_time, kill_wait_s, measured, timeouts
 from hpc_train.tracking import ensure_runs
 from hpc_train.train.stopping import StopSignals, signal_number
 
@@ -90,6 +91,10 @@ class Supervisor:
         """The node range the job asked Slurm for (None: a fixed count)."""
         self.grow_check_at = 0.0
         """When the growth check runs next (time.monotonic); inf once the step was told to stop and grow."""
+        self.kill_wait = kill_wait_s()
+        self.stop_at: float | None = None
+        """``signal_lead_s=auto``: when (time.time) this supervisor tells the step to stop, the lead derived for
+        this attempt before the job's end; None: Slurm's own --signal does it (a fixed lead), or it was sent."""
 
     def _asked(self) -> tuple[int, int] | None:
         """The job record's --nodes (cluster.slurm.shape=earliest_finish may have asked for one count of the
@@ -169,7 +174,10 @@ class Supervisor:
         self.ledger.save(entry)
         argv = step_argv(self.rd, self.cluster, nodes, self.python, member_srun_options(self.cluster, self.environ))
         say(f"attempt {number} on {','.join(nodes)}: {shlex.join(argv)}", sys.stdout)
+        self._arm_stop()
         environ = {**self.environ, **self.job.for_attempt(number).environ(), **self._shape(number, nodes)}
+        if self.kill_wait is not None:
+            environ[KILL_WAIT_VARIABLE] = str(self.kill_wait)
         step = SrunStep(argv, environ, forward_stop=self._forwarded(), hasty=self.interactive)
         launch_s = self.cfg.trainer.preflight_timeout_s + LAUNCH_GRACE_S
         try:
@@ -180,7 +188,7 @@ class Supervisor:
                 lambda: bool(self._statuses(number)),
                 launch_s,
                 self.rd.cancel_requested,
-                lambda: self._maybe_grow(step, number, nodes),
+                lambda: self._tick(step, number, nodes),
             )
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
@@ -243,6 +251,46 @@ class Supervisor:
         if any((r.time or 0.0) > ended for r in self.rd.reshape_records()):
             return self.cluster.nodes
         return last.ranks // ranks_per_node
+
+    def _arm_stop(self) -> None:
+        """Say the timeout hierarchy of this attempt (``runtime.timeouts``), with a warning for each pair its
+        measurements show inverted. With ``signal_lead_s=auto``, derive the lead from them and arm this
+        supervisor's own stop signal that long before the job's end: Slurm's --signal keeps the lead of the
+        submission, through every requeue, and this attempt may know better."""
+        found = measured(self.rd, self.ledger.attempts)
+        lead = derive_lead(self.cfg, found)
+        hierarchy = timeouts(self.cfg, found, self.kill_wait, lead)
+        for line in hierarchy.lines():
+            say(line, sys.stdout)
+        for warning in hierarchy.warnings():
+            say(f"WARNING: {warning}")
+        self.stop_at = None
+        if not lead.auto or self.interactive or in_pack(self.environ):
+            return
+        ends = job_end_time(self.job.allocation[0])
+        if ends is None:
+            say(
+                f"signal_lead_s=auto: Slurm did not say when job {self.job.allocation[0]} ends; its own --signal stands"
+            )
+            return
+        self.stop_at = ends - lead.seconds
+        say(
+            f"signal_lead_s=auto: the step is told to stop at {time.strftime('%H:%M:%S', time.localtime(self.stop_at))}, "
+            f"{lead.seconds} s before the job's end",
+            sys.stdout,
+        )
+
+    def _tick(self, step: SrunStep, number: int, nodes: list[str]) -> None:
+        """About once a second while the step runs: the growth check, and the stop of ``_arm_stop``."""
+        self._maybe_grow(step, number, nodes)
+        if self.stop_at is not None and time.time() >= self.stop_at:
+            self.stop_at = None
+            say(f"signal_lead_s=auto: the job ends in {self._left_s():.0f} s; telling the step to stop", sys.stdout)
+            step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
+
+    def _left_s(self) -> float:
+        ends = job_end_time(self.job.allocation[0])
+        return max(0.0, ends - time.time()) if ends is not None else math.nan
 
     def _maybe_grow(self, step: SrunStep, number: int, nodes: list[str]) -> None:
         """Every cluster.slurm.grow_every_min minutes of an attempt on fewer nodes than the range allows: when

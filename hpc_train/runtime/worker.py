@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import signal
 import traceback
@@ -30,6 +31,7 @@ from hpc_train.runtime.logs import setup_logging
 from hpc_train.runtime.outcome import Fit, Outcome
 from hpc_train.runtime.script import ScriptError
 from hpc_train.runtime.startup import Startup
+from hpc_train.runtime.timeouts import log_timeouts
 from hpc_train.tracking import TrackerLog
 
 if TYPE_CHECKING:
@@ -155,6 +157,8 @@ def _train(
         distributed(env, device, *timeouts, on_rendezvous=lambda: startup.mark("rendezvous")),
     ):
         _publish_rank_table(rd, env, device, job.attempt)
+        if env.is_main:
+            log_timeouts(cfg, rd, os.environ, logging.getLogger("hpc_train"))
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
         startup.mark("process_group")
         observers = _observers(rd, env, job, watchdog, fault, trackers, startup)

@@ -46,6 +46,9 @@ class StepObserver:
     def on_saved(self, step: int) -> None:
         """The state of ``step`` is on disk (a checkpoint, or the final weights); rank 0 only."""
 
+    def on_checkpoint_seconds(self, step: int, seconds: float) -> None:
+        """The checkpoint of ``step`` became durable ``seconds`` after its save began; rank 0 only."""
+
     def on_stragglers(self, report: StragglerReport) -> None:
         """A window of straggler figures was judged (``hpc_train.distributed.stragglers``); rank 0 only."""
 
@@ -83,6 +86,10 @@ class Observers(StepObserver):
     def on_saved(self, step: int) -> None:
         for observer in self.observers:
             observer.on_saved(step)
+
+    def on_checkpoint_seconds(self, step: int, seconds: float) -> None:
+        for observer in self.observers:
+            observer.on_checkpoint_seconds(step, seconds)
 
     def on_stragglers(self, report: StragglerReport) -> None:
         for observer in self.observers:

@@ -89,7 +89,11 @@ class Trainer:
         self.checkpoints = Checkpoints(run_dir, self.observer.checkpoint_writer(torch.save))
         tc = cfg.trainer
         self.writer = CheckpointWriter(
-            self.checkpoints, tc.checkpoint_async, pinned=device.type == "cuda", on_saved=self.observer.on_saved
+            self.checkpoints,
+            tc.checkpoint_async,
+            pinned=device.type == "cuda",
+            on_saved=self.observer.on_saved,
+            on_seconds=self.observer.on_checkpoint_seconds,
         )
         """Rank 0's checkpoint writes: in the background with trainer.checkpoint_async."""
         # Same seed on every rank: identical initial weights (DDP would broadcast rank 0's anyway) and data.

@@ -134,11 +134,14 @@ class CheckpointWriter:
         asynchronous: bool,
         pinned: bool = False,
         on_saved: Callable[[int], None] = lambda step: None,
+        on_seconds: Callable[[int, float], None] = lambda step, seconds: None,
     ) -> None:
         self.checkpoints = checkpoints
         self.asynchronous = asynchronous
         self.on_saved = on_saved
-        """Told the step of each checkpoint once it is durable (the trainer's observer)."""
+        """Told the step of each checkpoint once it is durable (the trainer's observer)..."""
+        self.on_seconds = on_seconds
+        """...after it is told how long that took."""
         self.snapshot = Snapshot(pinned)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -204,6 +207,7 @@ class CheckpointWriter:
                     done.seconds,
                     done.path,
                 )
+            self.on_seconds(done.step, done.seconds)
             self.on_saved(done.step)
         return saved
 

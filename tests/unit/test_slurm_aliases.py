@@ -165,7 +165,7 @@ def test_a_run_dir_saved_before_the_move_loads_and_resumes(tmp_path: Path) -> No
     assert (slurm.sbatch_args, slurm.setup, slurm.signal_lead_s, slurm.job_name) == (
         {"mail-type": "END"},
         ["export X=1"],
-        60,
+        "60",  # a string since it may hold auto; the saved 60 loads as its digits
         "gold",
     )
     # A resubmission of that run dir with the same values, spelled either way, finds no difference.
