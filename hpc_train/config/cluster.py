@@ -312,11 +312,30 @@ class StragglerConfig(Checked):
     windows: int = 3
     """For how many windows in a row a rank must be slow before it is named (and named again, while it stays
     slow, at every window)."""
+    replace_after_s: float = 0.0
+    """A Slurm job with ``cluster.slurm.spare_nodes`` or ``cluster.min_nodes``: a node whose rank has been named
+    for this long is treated as a bad node. The supervisor stops the step (the ranks checkpoint, the job is not
+    requeued) and starts the next attempt in the same allocation without that node. 0: off (the default)."""
 
     def __post_init__(self) -> None:
         self._bounded("window_s", 1.0, 86400.0, 60, why="a day")
         self._bounded("margin", 1.0, 100.0, 1.25, above=True, why="1 would name half the ranks")
         self._bounded("windows", 1, 1000, 3)
+        self._bounded("replace_after_s", 0.0, YEAR_S, 0, why="365 days; 0 is off")
+
+    def check(self, cluster: ClusterConfig) -> None:
+        """Replacing a slow node needs somewhere to go: a spare, or a node range to shrink within."""
+        if not self.replace_after_s:
+            return
+        self._require(
+            cluster.launcher == "slurm" and (cluster.slurm.spare_nodes > 0 or cluster.asks_range),
+            "replace_after_s",
+            f"replaces a slow node in a Slurm job's allocation, but this job has none to spare (cluster.launcher="
+            f"{cluster.launcher}, cluster.slurm.spare_nodes={cluster.slurm.spare_nodes}, cluster.min_nodes="
+            f"{cluster.min_nodes})",
+            "add cluster.slurm.spare_nodes=1 (or cluster.min_nodes below cluster.nodes) on cluster=slurm, or set "
+            "cluster.stragglers.replace_after_s=0",
+        )
 
 
 @dataclass
@@ -417,6 +436,7 @@ class ClusterConfig(Checked):
             )
         if self.launcher == "slurm":
             self.slurm.check(self)
+        self.stragglers.check(self)
 
     def _check_pack(self) -> None:
         """cluster.pack: its members share the allocation's nodes, each as one srun step of cluster.nodes nodes."""

@@ -110,6 +110,7 @@ RESUME_SAFE_KEYS = (
     "cluster.stragglers.window_s",
     "cluster.stragglers.margin",
     "cluster.stragglers.windows",
+    "cluster.stragglers.replace_after_s",
     "cluster.slurm.submit",
     "cluster.slurm.dry_run",
     "cluster.slurm.wait",

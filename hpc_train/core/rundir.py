@@ -692,6 +692,22 @@ class RunDir:
     def cancel_requested(self) -> bool:
         return self.cancel_request.is_file()
 
+    @property
+    def restart_request(self) -> Path:
+        """The supervisor stopped the training step to go on in the same allocation without a node
+        (``cluster.stragglers.replace_after_s``): the ranks checkpoint and do not requeue the job."""
+        return self.status_dir / "restart.json"
+
+    def request_restart(self, node: BadNode) -> None:
+        write_json_atomic(self.restart_request, node.to_json())
+
+    def restart_requested(self) -> BadNode | None:
+        """The node the step was stopped to leave (None: no request, or a damaged one)."""
+        return BadNode.salvage(read_json(self.restart_request))[0] if self.restart_request.is_file() else None
+
+    def clear_restart_request(self) -> None:
+        self.restart_request.unlink(missing_ok=True)
+
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""

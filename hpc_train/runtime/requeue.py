@@ -114,6 +114,15 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
     if in_pack() and rd.cancel_requested():  # the stop was `jobs cancel` of this member alone
         log.warning("stopped %s: this member of the pack was cancelled alone; not requeued", at_step(fit.step))
         return outcome
+    leaving = rd.restart_requested()
+    if leaving is not None:  # the supervisor goes on in this allocation without a node (a straggler's)
+        log.warning(
+            "stopped %s for the supervisor, which goes on in this allocation without %s (%s); not requeued",
+            at_step(fit.step),
+            leaving.host,
+            leaving.why,
+        )
+        return outcome
     history = record_attempt(rd, job.attempt, fit.start_step, fit.step, fit.signal, fit.stop_saved_s)
     # Requeues spend the requeue budget; restarts inside an allocation spend their own (runtime.retry).
     why_not = refusal(history, job.requeues, cfg.cluster)

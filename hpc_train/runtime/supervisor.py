@@ -39,7 +39,7 @@ from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, Shape, fits_o
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, RankState, RankStatus, Reshape
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
 from hpc_train.runtime.failures import Failure, SrunReport, classify
@@ -58,6 +58,8 @@ STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.slurm.srun_wait_s before the supervisor ends it."""
 CANCELLED = "cancelled by `python -m hpc_train.jobs cancel`"
 """The message of an attempt ended on a cancel request (a member of a pack, cancelled alone)."""
+STRAGGLER_CHECK_S = 10.0
+"""How often the supervisor reads the straggler verdicts, with ``cluster.stragglers.replace_after_s``."""
 LAUNCH_GRACE_S = 120
 """How long, beyond trainer.preflight_timeout_s, a step may go without any rank writing its first status
 before the supervisor ends srun (it never got its tasks running: a node that cannot start them, a step that
@@ -92,6 +94,8 @@ class Supervisor:
         self.grow_check_at = 0.0
         """When the growth check runs next (time.monotonic); inf once the step was told to stop and grow."""
         self.kill_wait = kill_wait_s()
+        self.straggler_check_at = 0.0
+        """When the supervisor next reads the straggler verdicts (``cluster.stragglers.replace_after_s``)."""
         self.stop_at: float | None = None
         """``signal_lead_s=auto``: when (time.time) this supervisor tells the step to stop, the lead derived for
         this attempt before the job's end; None: Slurm's own --signal does it (a fixed lead), or it was sent."""
@@ -109,6 +113,7 @@ class Supervisor:
 
     def run(self) -> int:
         self.signals.install()
+        self.rd.clear_restart_request()  # one an earlier allocation left: its step is long gone
         self.ledger.begin(self.asked)
         if self.asked is not None:
             say(f"{asked_for(*self.asked, len(self.allocation))} ({','.join(self.allocation)})", sys.stdout)
@@ -143,7 +148,14 @@ class Supervisor:
             if entry.message == CANCELLED:  # the step was ended on request: nothing to retry, nothing failed
                 return 0
             if entry.outcome is AttemptOutcome.STOPPED:
-                return entry.exit_code or 0
+                leaving = self.rd.restart_requested()
+                if leaving is None or self.signals.received:
+                    return entry.exit_code or 0
+                self.rd.clear_restart_request()
+                say(
+                    f"attempt {number} stopped to leave {leaving.host} ({leaving.why}); starting attempt {number + 1} in this allocation"
+                )
+                continue
             failure = entry.failure
             assert failure is not None  # an attempt that neither completed nor stopped failed
             if not failure.retryable:
@@ -281,12 +293,46 @@ class Supervisor:
         )
 
     def _tick(self, step: SrunStep, number: int, nodes: list[str]) -> None:
-        """About once a second while the step runs: the growth check, and the stop of ``_arm_stop``."""
+        """About once a second while the step runs: the growth check, a slow node to leave, and the stop of
+        ``_arm_stop``."""
         self._maybe_grow(step, number, nodes)
+        self._maybe_leave_straggler(step, number, nodes)
         if self.stop_at is not None and time.time() >= self.stop_at:
             self.stop_at = None
             say(f"signal_lead_s=auto: the job ends in {self._left_s():.0f} s; telling the step to stop", sys.stdout)
             step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
+
+    def _maybe_leave_straggler(self, step: SrunStep, number: int, nodes: list[str]) -> None:
+        """Every STRAGGLER_CHECK_S with ``cluster.stragglers.replace_after_s``: once a rank of this attempt has been
+        named a straggler for that long, and the allocation can go on without its node (a spare, or a range),
+        blame the node and stop the step; its ranks checkpoint without requeueing, and ``_loop`` starts the
+        next attempt here."""
+        after = self.cluster.stragglers.replace_after_s
+        if not after or self.interactive or in_pack(self.environ) or time.monotonic() < self.straggler_check_at:
+            return
+        self.straggler_check_at = time.monotonic() + STRAGGLER_CHECK_S
+        reports = self.rd.straggler_reports()
+        began = self.ledger.last.start if self.ledger.last is not None else None
+        if not reports or reports[-1].time < (began or 0.0):
+            return
+        now = time.time()
+        slow = [r for r in reports[-1].ranks if r.host in nodes and r.since_time and now - r.since_time >= after]
+        if not slow:
+            return
+        worst = slow[0]  # (slowest first)
+        bad = [node.host for node in self.rd.bad_node_records()]
+        if isinstance(
+            pick_nodes(self.allocation, [*bad, worst.host], self.cluster, lambda n: fits_on(self.cfg, n)), str
+        ):
+            say(f"straggler {worst.describe()}: no node to replace {worst.host} with; it stays", sys.stdout)
+            self.straggler_check_at = math.inf
+            return
+        why = f"straggler: {worst.describe()}, slow for {now - (worst.since_time or now):.0f} s"
+        self.rd.add_bad_node(worst.host, why, number)
+        self.rd.request_restart(BadNode(host=worst.host, why=why, attempt=number))
+        self.straggler_check_at = math.inf
+        say(f"{why} (cluster.stragglers.replace_after_s={after:g}): stopping the step; the next attempt leaves it out")
+        step.proc.send_signal(signal_number(self.cluster.signal))  # the ranks checkpoint at the next step
 
     def _left_s(self) -> float:
         ends = job_end_time(self.job.allocation[0])

@@ -36,8 +36,11 @@ def slow_node2() -> Iterator[str]:
     group = CPU_CGROUP / f"hpc_train_slow_node2_{os.getpid()}"
     group.mkdir()
     try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(QUOTA * 100000)))
+        # 10 ms periods: 2.5 ms slices, shorter than a step's forward and backward (with 100 ms periods the
+        # compute fits in one slice and the pauses fall where the rank waits for the others: see
+        # tests/runs/test_stragglers.py)
+        (group / "cpu.cfs_period_us").write_text("10000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(QUOTA * 10000)))
         (group / "tasks").write_text(pid)
         yield "node2"
     finally:
@@ -80,4 +83,49 @@ def test_the_rank_on_a_slow_node_is_named(tmp_path: Path, slow_node2: str) -> No
     print(
         f"\nnamed {named_after:.1f} s after every rank's first step (2 s windows, 3 in a row), node2 at "
         f"{QUOTA:.0%} of a core: {found.describe()}"
+    )
+
+
+def test_a_node_that_stays_slow_is_left_for_the_spare(tmp_path: Path, slow_node2: str) -> None:
+    """cluster.stragglers.replace_after_s with a spare: the supervisor blames the slow node, stops the step (the
+    ranks checkpoint, nothing is requeued) and trains on in the same allocation on the spare, from that step."""
+    run_dir = tmp_path / "run"
+    job_id = submit_job(
+        run_dir,
+        *SLURM_2X1,
+        "cluster.partition=all",  # node[1-3]: two to train on, one spare
+        "cluster.slurm.spare_nodes=1",
+        "trainer.max_steps=1000000",
+        "trainer.max_epochs=0",
+        "trainer.val_every_n_epochs=0",
+        "trainer.plots=false",
+        "trainer.progress_bar=false",
+        "cluster.stragglers.window_s=2",
+        "cluster.stragglers.windows=3",
+        "cluster.stragglers.replace_after_s=4",
+    )
+    rd = RunDir(run_dir)
+    try:
+        deadline = time.monotonic() + 300
+        while len(rd.attempt_records()) < 2 or not rd.progress_record(0).step:
+            assert time.monotonic() < deadline, f"no second attempt: {rd.attempt_records()}"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job_id], check=False, timeout=30)
+        wait_for_job(job_id, timeout=120)
+    first, second = rd.attempt_records()[:2]
+    assert first.outcome.value == "stopped" and slow_node2 in first.nodes, first
+    assert slow_node2 not in second.nodes and len(second.nodes) == 2, second
+    (bad,) = rd.bad_node_records()
+    assert bad.host == slow_node2 and bad.why.startswith("straggler: rank 1 (node2"), bad
+    assert rd.requeue_records() == []  # stopped for the supervisor, not requeued
+    assert not rd.restart_request.exists()
+    stopped = first.progress.step if first.progress else None
+    assert stopped and second.progress and second.progress.first_step == stopped + 1, (first, second)
+    slow = next(r for e in rd.straggler_reports() for r in e.ranks if r.host == slow_node2)
+    resumed = second.progress.first_time - (first.end or 0.0)
+    print(
+        f"\nattempt 0 on {','.join(first.nodes)} stopped {(first.end or 0.0) - (slow.since_time or 0.0):.1f} s after "
+        f"{slow_node2}'s first slow window (replace_after_s=4; the supervisor reads the verdicts every 10 s); attempt 1 "
+        f"on {','.join(second.nodes)} made its first step {resumed:.1f} s after attempt 0 ended"
     )

@@ -73,12 +73,19 @@ QUOTA = 0.05
 suite runs beside this test on the same 2 cores) for the slow rank to stand out."""
 
 
+PERIOD_US = 20000
+"""The quota's period. At 5% of a core it gives the rank 1 ms slices, shorter than a step's forward and
+backward, which the throttle then stretches. With the default 100 ms (5 ms slices) the script's 2.4 ms of
+compute fitted in one slice: the rank was paused between its bursts, where it waits for the others, its own
+compute looked as fast as ever, and the loaded rank 0 was named instead (seen in a clean-clone CI run)."""
+
+
 def _throttle(pid: int, name: str, share: float) -> Path:
-    """Put ``pid`` under a CPU quota of ``share`` of one core (cgroup v1 cpu controller)."""
+    """Put ``pid`` under a CPU quota of ``share`` of one core (cgroup v1 cpu controller; 1 ms slices at least)."""
     group = CPU_CGROUP / name
     group.mkdir(exist_ok=True)
-    (group / "cpu.cfs_period_us").write_text("100000")
-    (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
+    (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(share * PERIOD_US))))
     for task in Path(f"/proc/{pid}/task").iterdir():  # every thread of the rank, not only its main one
         (group / "tasks").write_text(task.name)
     return group

@@ -147,7 +147,10 @@ def test_out_of_range_values_are_refused(schema: type[Any], key: str, value: Any
         (TrainerConfig, {"dist_timeout_s": 0.001, "watchdog_s": 0, "checkpoint_every_min": 0}),
         (TrainerConfig, {"checkpoint_every_min": YEAR_MIN, "divergence_steps": 0, "max_steps": INT64_MAX}),
         (DDPConfig, {"bucket_cap_mb": 1024 * 1024}),
-        (ClusterConfig, {"timeout_min": YEAR_MIN, "failure_grace_s": YEAR_S, "srun_wait_s": YEAR_S, "signal_lead_s": "auto"}),
+        (
+            ClusterConfig,
+            {"timeout_min": YEAR_MIN, "failure_grace_s": YEAR_S, "srun_wait_s": YEAR_S, "signal_lead_s": "auto"},
+        ),
         (ClusterConfig, {"cpus_per_task": 65533, "tasks_per_node": 65533, "signal_lead_s": 65535, "timeout_min": 1200}),
         (ClusterConfig, {"gpus_per_node": 128, "tasks_per_node": 128}),
         (ClusterConfig, {"nodes": 2**31 - 1, "tasks_per_node": 1}),

@@ -308,6 +308,15 @@ with open(os.path.join(os.environ["FAKE_SRUN_DIR"], "nodes_told.txt"), "a") as f
 n = sum(1 for _ in open(calls)) - 1
 plan = json.load(open(os.path.join(os.environ["FAKE_SRUN_DIR"], "plan.json")))[n]
 time.sleep(plan.get("sleep", 0))
+if plan.get("wait_for_signal"):  # until the supervisor tells the step to stop (cluster.signal: USR2)
+    import signal
+    got = []
+    signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+    deadline = time.time() + plan["wait_for_signal"]
+    while not got and time.time() < deadline:
+        time.sleep(0.05)
+    with open(os.path.join(os.environ["FAKE_SRUN_DIR"], "signalled.txt"), "a") as f:
+        f.write(f"{bool(got)}\\n")
 attempt = int(os.environ["HPC_TRAIN_ATTEMPT"])
 for rank, status in plan.get("statuses", {}).items():
     write_json_atomic(rd.status_path(int(rank)), {"rank": int(rank), "time": time.time(), "attempt": attempt, **status})

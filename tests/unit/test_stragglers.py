@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_train.core.records import SlowRank, StragglerReport
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.records import BadNode, SlowRank, StragglerReport
 from hpc_train.core.rundir import RunDir
 from hpc_train.distributed.stragglers import ComputeClock, RankWindow, StragglerJudge, rank_places
 from hpc_train.runtime.observers import StragglerLog, straggler_figures
+from hpc_train.tools.api import compose_config
 
 
 class _Slow(torch.nn.Module):
@@ -237,3 +239,53 @@ def test_a_slow_rack_is_one_line_naming_the_first_five(tmp_path: Path, caplog: p
         cleared
         == "stragglers cleared: rank 0 (n0), rank 1 (n1), rank 2 (n2), rank 3 (n3), rank 4 (n4) and 3 more are no longer slow (step 20)"
     )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["cluster.stragglers.replace_after_s=60"],  # the local launcher: no allocation to go on in
+        ["cluster=slurm", "cluster.stragglers.replace_after_s=60"],  # Slurm, but no spare and no range
+    ],
+)
+def test_replacing_a_slow_node_needs_a_spare_or_a_range(overrides: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"cluster\.stragglers\.replace_after_s=60.0 is invalid.*HINT: add cluster"):
+        compose_config(*overrides)
+    assert compose_config(
+        "cluster=slurm", "cluster.slurm.spare_nodes=1", *overrides[-1:]
+    ).cluster.stragglers.replace_after_s
+    assert compose_config("cluster=slurm", "cluster.nodes=2", "cluster.min_nodes=1", *overrides[-1:])
+
+
+def test_the_supervisors_restart_request_stops_the_ranks_without_a_requeue(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    assert rd.restart_requested() is None
+    rd.request_restart(BadNode(host="node2", why="straggler: rank 1 (node2) 1.50x the median", attempt=0))
+    assert rd.restart_requested() == BadNode(host="node2", why="straggler: rank 1 (node2) 1.50x the median", attempt=0)
+    rd.clear_restart_request()
+    assert rd.restart_requested() is None and not rd.restart_request.exists()
+
+
+def test_the_supervisor_leaves_a_node_slow_for_replace_after_s_and_goes_on_with_the_spare(tmp_path: Path) -> None:
+    """A straggler named on node2 for longer than cluster.stragglers.replace_after_s: the supervisor blames
+    node2, tells the step to stop, and starts the next attempt in the same allocation on node1 and the spare."""
+    from .test_recovery import nodelist, supervised
+
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    slow = SlowRank(rank=1, host="node2", device="cpu", slowdown=1.6, since_step=10, since_time=time.time() - 30)
+    rd.record_stragglers(StragglerReport(time=time.time() + 5, step=40, median_s=0.01, slowest_s=0.016, ranks=(slow,)))
+    stopped = {"0": {"state": "stopped", "step": 40, "signal": 12, "host": "node1"}}
+    done = {
+        "0": {"state": "completed", "step": 70, "host": "node1"},
+        "1": {"state": "completed", "step": 70, "host": "node3"},
+    }
+    plan = [{"wait_for_signal": 30, "statuses": stopped}, {"statuses": done}]
+    code, rd, calls = supervised(tmp_path, plan, **{"stragglers": {"replace_after_s": 10}})
+    assert code == 0 and [nodelist(c) for c in calls] == ["node1,node2", "node1,node3"]
+    assert (tmp_path / "bin0" / "signalled.txt").read_text() == "True\n"
+    (bad,) = rd.bad_node_records()
+    assert bad.host == "node2" and bad.why.startswith("straggler: rank 1 (node2, cpu) 1.60x the median"), bad
+    assert [a.outcome.value for a in rd.attempt_records()] == ["stopped", "completed"]
+    assert rd.restart_requested() is None  # consumed by the next attempt

@@ -186,3 +186,30 @@ def test_the_progress_file_keeps_the_slowest_checkpoint(tmp_path: Path) -> None:
         progress.on_checkpoint_seconds(step, seconds)
         progress.on_saved(step)
     assert rd.progress_record(0).checkpoint_s == 4.0
+
+
+def test_with_auto_the_supervisor_stops_the_step_its_lead_before_the_jobs_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeued job keeps the --signal it was submitted with; with auto the supervisor signals the step itself,
+    the lead it derived for this attempt before the end Slurm gives (here: squeue says the job ends in 92 s,
+    the lead of a run with nothing measured is 90 s)."""
+    import time
+    from datetime import datetime
+
+    from .test_recovery import supervised
+
+    bindir = tmp_path / "slurm"
+    bindir.mkdir()
+    ends = datetime.fromtimestamp(time.time() + AUTO_DEFAULT_LEAD_S + 2).isoformat(timespec="seconds")
+    (bindir / "squeue").write_text(f"#!{sys.executable}\nprint('{ends}')\n")
+    (bindir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    stopped = {"statuses": {"0": {"state": "stopped", "step": 12, "signal": 12, "host": "node1"}}}
+    began = time.monotonic()
+    code, rd, calls = supervised(tmp_path, [{"wait_for_signal": 30, **stopped}], signal_lead_s="auto")
+    assert code == 0 and len(calls) == 1
+    assert (tmp_path / "bin0" / "signalled.txt").read_text() == "True\n"  # the step got USR2...
+    assert time.monotonic() - began < 20  # ...about 2 s in, not after the fake's 30 s
+    (attempt,) = rd.attempt_records()
+    assert attempt.outcome.value == "stopped"
