@@ -22,6 +22,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 STATE = Path(os.environ.get("HPC_TESTBED_DIR", "/var/lib/hpc-train-testbed"))
+LONG = [
+    *SLURM_2X1,
+    "trainer.max_steps=1000000",
+    "trainer.max_epochs=0",
+    "trainer.val_every_n_epochs=0",
+    "trainer.plots=false",
+    "trainer.progress_bar=false",
+    "cluster.stragglers.window_s=2",
+    "cluster.stragglers.windows=3",
+]
+"""A 2 x 1 job that trains until cancelled, judged every 2 s, 3 windows in a row."""
 QUOTA = 0.25
 """node2's share of one core."""
 
@@ -54,14 +65,7 @@ def test_the_rank_on_a_slow_node_is_named(tmp_path: Path, slow_node2: str) -> No
     run_dir = tmp_path / "run"
     job_id = submit_job(
         run_dir,
-        *SLURM_2X1,
-        "trainer.max_steps=1000000",
-        "trainer.max_epochs=0",
-        "trainer.val_every_n_epochs=0",
-        "trainer.plots=false",
-        "trainer.progress_bar=false",
-        "cluster.stragglers.window_s=2",
-        "cluster.stragglers.windows=3",
+        *LONG,
     )
     try:
         wait_for_ranks(run_dir, 1, timeout=240)
@@ -92,16 +96,9 @@ def test_a_node_that_stays_slow_is_left_for_the_spare(tmp_path: Path, slow_node2
     run_dir = tmp_path / "run"
     job_id = submit_job(
         run_dir,
-        *SLURM_2X1,
+        *LONG,
         "cluster.partition=all",  # node[1-3]: two to train on, one spare
         "cluster.slurm.spare_nodes=1",
-        "trainer.max_steps=1000000",
-        "trainer.max_epochs=0",
-        "trainer.val_every_n_epochs=0",
-        "trainer.plots=false",
-        "trainer.progress_bar=false",
-        "cluster.stragglers.window_s=2",
-        "cluster.stragglers.windows=3",
         "cluster.stragglers.replace_after_s=4",
     )
     rd = RunDir(run_dir)
