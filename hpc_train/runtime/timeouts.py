@@ -193,7 +193,7 @@ class Timeouts:
     time_limit_s: float
     signal: str
     lead: Lead | None
-    """None off Slurm: there is no time limit to warn of."""
+    """None off Slurm, and in an allocation a shell holds: no signal of ours comes before the time limit."""
     found: Measured
     checkpoint_async: bool
     watchdog_s: float
@@ -279,7 +279,8 @@ def timeouts(cfg: Config, found: Measured, kill_wait: int | None = None, lead: L
         slurm=slurm,
         time_limit_s=cluster.timeout_min * 60,
         signal=cluster.signal.upper().removeprefix("SIG"),
-        lead=(lead or derive_lead(cfg, found)) if slurm else None,
+        # An allocation a shell holds (submit=here) has no --signal of ours: its time limit is salloc's.
+        lead=(lead or derive_lead(cfg, found)) if slurm and cluster.slurm.submit != "here" else None,
         found=found,
         checkpoint_async=trainer.checkpoint_async,
         watchdog_s=trainer.watchdog_s,

@@ -153,6 +153,8 @@ def test_the_block_names_every_timeout_in_one_place(tmp_path: Path) -> None:
         "KillWait          5 s: from SIGTERM at the time limit to SIGKILL",
     ):
         assert part in text, text
+    here = timeouts(compose_config(*SLURM, "cluster.slurm.submit=here"), measured(rd), kill_wait=5).lines()
+    assert not any("stop signal" in line for line in here)  # salloc's allocation: no --signal of ours
     local = timeouts(compose_config("cluster.failure_grace_s=15"), measured(rd)).lines()
     assert not any("stop signal" in line or "KillWait" in line for line in local)
     assert any("15 s for the others once a rank ended (cluster.failure_grace_s)" in line for line in local)
