@@ -265,10 +265,11 @@ class Supervisor:
         return last.ranks // ranks_per_node
 
     def _arm_stop(self) -> None:
-        """Say the timeout hierarchy of this attempt (``runtime.timeouts``), with a warning for each pair its
-        measurements show inverted. With ``signal_lead_s=auto``, derive the lead from them and arm this
-        supervisor's own stop signal that long before the job's end: Slurm's --signal keeps the lead of the
-        submission, through every requeue, and this attempt may know better."""
+        """Before each attempt: say its timeout hierarchy (``runtime.timeouts``), with a warning for each pair
+        its measurements show inverted, and forget the last attempt's straggler decision. With
+        ``signal_lead_s=auto``, derive the lead from the measurements and arm this supervisor's own stop signal
+        that long before the job's end: Slurm's --signal keeps the lead of the submission, through every
+        requeue, and this attempt may know better."""
         found = measured(self.rd, self.ledger.attempts)
         lead = derive_lead(self.cfg, found)
         hierarchy = timeouts(self.cfg, found, self.kill_wait, lead)
@@ -277,6 +278,8 @@ class Supervisor:
         for warning in hierarchy.warnings():
             say(f"WARNING: {warning}")
         self.stop_at = None
+        self.straggler_check_at = 0.0  # each attempt may leave one slow node
+        self.rd.clear_restart_request()  # one an attempt that then failed did not consume: not for this one
         if not lead.auto or self.interactive or in_pack(self.environ):
             return
         ends = job_end_time(self.job.allocation[0])
