@@ -80,7 +80,8 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
             "hpc_train", *three, *RANGE, "cluster.slurm.dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}", cwd=tmp_path
         )
         assert dry.returncode == 0, dry.stderr[-2000:]
-        table = dry.stdout.splitlines()
+        lines = dry.stdout.splitlines()  # (after the timeout hierarchy)
+        table = lines[next((i for i, line in enumerate(lines) if line.startswith("hpc_train: asking for")), 0) :]
         assert table[0].startswith("hpc_train: asking for 2-3 nodes: when each node count would start") and (
             f"({STEPS} steps left; start-up not measured yet)" in table[0]
         ), dry.stdout
