@@ -12,7 +12,7 @@ import pytest
 from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.records import NodeSummary, StartupProfile
 from hpc_train.core.rundir import RunDir
-from hpc_train.distributed import DistEnv
+from hpc_train.distributed import resolve_environment
 from hpc_train.runtime import startup as startup_module
 from hpc_train.runtime.observers import StartupMarks
 from hpc_train.runtime.startup import Startup, process_started_at
@@ -91,7 +91,7 @@ def test_a_script_s_start_up_ends_at_the_first_step_it_reports(tmp_path: Path, m
 
     monkeypatch.setattr(script_module, "FIRST_STEP_POLL_S", 0.05)
     rd = _script_run_dir(tmp_path, node)
-    env = _one_rank()
+    env = resolve_environment({})
     startup = Startup()
     startup.mark("resolve")
     with script_module.script_startup(rd, env, startup):
@@ -117,26 +117,11 @@ def test_a_script_that_reports_no_step_has_no_script_phase(tmp_path: Path) -> No
 
     rd = _script_run_dir(tmp_path, True)
     startup = Startup()
-    with script_startup(rd, _one_rank(), startup):
+    with script_startup(rd, resolve_environment({}), startup):
         pass
     assert "script" not in startup.marks
     (profile,) = _flushed(rd)
     assert profile.script_s is None and profile.interpreter_s is not None
-
-
-def _one_rank() -> DistEnv:
-    return DistEnv(
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        node_rank=0,
-        num_nodes=1,
-        master_addr="127.0.0.1",
-        master_port=29500,
-        source="single",
-        hostname="n1",
-    )
 
 
 def _flushed(rd: RunDir) -> list[StartupProfile]:
