@@ -303,7 +303,7 @@ class Supervisor:
         if self.stop_at is not None and time.time() >= self.stop_at:
             self.stop_at = None
             say(f"signal_lead_s=auto: the job ends in {self._left_s():.0f} s; telling the step to stop", sys.stdout)
-            step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
+            self._tell_to_stop(step)
 
     def _maybe_leave_straggler(self, step: SrunStep, number: int, nodes: list[str]) -> None:
         """Every STRAGGLER_CHECK_S with ``cluster.stragglers.replace_after_s``: once a rank of this attempt has been
@@ -335,7 +335,12 @@ class Supervisor:
         self.rd.request_restart(BadNode(host=worst.host, why=why, attempt=number))
         self.straggler_check_at = math.inf
         say(f"{why} (cluster.stragglers.replace_after_s={after:g}): stopping the step; the next attempt leaves it out")
-        step.proc.send_signal(signal_number(self.cluster.signal))  # the ranks checkpoint at the next step
+        self._tell_to_stop(step)
+
+    def _tell_to_stop(self, step: SrunStep) -> None:
+        """cluster.signal to srun, which passes it on to every task: the ranks checkpoint at the next step and
+        stop (growth, a straggler's node to leave, the lead ``auto`` derived)."""
+        step.proc.send_signal(signal_number(self.cluster.signal))
 
     def _left_s(self) -> float:
         ends = job_end_time(self.job.allocation[0])
@@ -367,7 +372,7 @@ class Supervisor:
             return
         self.ledger.add_growth(found.record(self.job.allocation[0], number, progress.step, time.time()))
         self.grow_check_at = math.inf
-        step.proc.send_signal(signal_number(self.cluster.signal))  # srun passes it on to every task
+        self._tell_to_stop(step)
 
     def _may_grow(self, training: int) -> bool:
         """This job may come back larger: it asked for a range that holds more than ``training`` nodes, checks
