@@ -150,9 +150,12 @@ def _rank_pid(run_dir: Path, rank: int, what: str, timeout: float = 120) -> int:
         if status is not None and status.pid and (status.step or what == "script"):
             if what == "trainer":
                 return status.pid
+            # The script trains once its clock has reported a window: throttled any earlier, its 5% of a core went
+            # into importing torch for 50 s (more in CI), and the 90 s to be named ran out before it trained.
             children = Path(f"/proc/{status.pid}/task/{status.pid}/children")
             pids = children.read_text().split() if children.exists() else []
-            if pids and any(rd.node_summaries()):  # the script runs
+            timed = {c.rank for summary in rd.node_summaries() for c in summary.compute}
+            if pids and rank in timed:
                 return int(pids[0])
         time.sleep(0.5)
     raise AssertionError(f"rank {rank} of {run_dir} did not train in {timeout} s")
