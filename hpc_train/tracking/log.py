@@ -11,7 +11,9 @@ deliver (the tracker was unreachable, or the rank was killed before W&B wrote th
 
 For certain: MLflow holds a row once the server has answered; W&B only once ``finish`` returns (its service
 process writes, and a killed rank takes the unwritten rows with it), so a W&B run's step is kept at the end of
-an attempt.
+an attempt. Each attempt also asks the store for the latest step it holds, which may be past ``logged_step``
+(an attempt that ended while rows were on their way): MLflow's server, and W&B's offline folders
+(``wandb_files``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hpc_train.config import Config
 from hpc_train.core.records import AttemptOutcome, TrackerRun
 from hpc_train.core.rundir import RunDir
 from hpc_train.tracking.runs import ensure_runs, flat_config, mlflow_patience
+from hpc_train.tracking.wandb_files import offline_step
 
 __all__ = ["TrackerLog", "attempt_note", "row_values"]
 
@@ -133,6 +136,8 @@ class _Wandb(_Backend):
 
         wc = self.cfg.tracking.wandb
         mode: Literal["online", "offline"] = "offline" if wc.mode == "offline" else "online"
+        if mode == "offline":
+            self.sent = self._held(self.sent)
         label = " ".join(self.run_dir.label_overrides()) or self.run_dir.path.name
         self.handle = wandb.init(
             project=wc.project,
@@ -150,6 +155,17 @@ class _Wandb(_Backend):
             allow_val_change=True,
         )
         self.handle.summary["hpc_train.attempt"] = attempt
+
+    def _held(self, recorded: int | None) -> int | None:
+        """The latest step the run's offline folders hold (they are its store until ``wandb sync``): an attempt
+        killed, or whose ``finish`` outlasted its end, leaves rows there and ``logged_step`` behind them. Online,
+        W&B's server drops a step below its latest itself."""
+        try:
+            held = offline_step(self.run_dir.path, self.run.run_id)
+        except (OSError, ValueError, ImportError) as exc:  # W&B's own format: an unknown one is a warning
+            log.warning("hpc_train: the earlier W&B offline rows of %s could not be read: %s", self.run.run_id, exc)
+            return recorded
+        return max(held or 0, recorded or 0) or None
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.handle.log(dict(values), step=step)

@@ -133,3 +133,55 @@ def test_an_mlflow_run_resumes_after_the_latest_step_the_server_holds(tmp_path: 
     backend = _Mlflow(TrackerRun(tracker="mlflow", store=store, run_id=run_id, created=1.0, logged_step=5))
     backend.open(1, "attempt 1", {})
     assert backend.sent == 10
+
+
+def _wandb_file(path: Path, steps: list[int], chunk: int = 10_000) -> bytes:
+    """A W&B run file as its writer lays it out: the header, then each history record in chunks of at most
+    ``chunk`` bytes (first, middle, last parts), none across a 32 KiB block's end (padded with zeros)."""
+    import struct
+    import zlib
+
+    from wandb.proto import wandb_internal_pb2
+
+    out = bytearray(struct.pack("<4sHB", b":W&B", 0xBEE1, 0))
+    for step in steps:
+        record = wandb_internal_pb2.Record()
+        record.history.step.num = step
+        item = record.history.item.add()
+        item.key, item.value_json = "train_loss", "0.5" + "0" * 30_000  # spans chunks and blocks
+        data = record.SerializeToString()
+        parts = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+        for n, part in enumerate(parts):
+            room = 32 * 1024 - len(out) % (32 * 1024)
+            if room < 7 + len(part):
+                out += bytes(room)
+            kind = 1 if len(parts) == 1 else 2 if n == 0 else 4 if n == len(parts) - 1 else 3
+            out += struct.pack("<IHB", zlib.crc32(part, zlib.crc32(bytes([kind]))), len(part), kind) + part
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(out))
+    return bytes(out)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs wandb, from the test extra")
+def test_the_latest_w_and_b_offline_step_is_read_up_to_a_cut_off_or_damaged_chunk(tmp_path: Path) -> None:
+    from hpc_train.tracking.wandb_files import offline_step
+
+    assert offline_step(tmp_path, "abc") is None  # no folder
+    first = tmp_path / "wandb" / "offline-run-20261127_100000-abc" / "run-abc.wandb"
+    _wandb_file(first, [5, 10, 15])
+    second = tmp_path / "wandb" / "offline-run-20261127_110000-abc" / "run-abc.wandb"
+    data = _wandb_file(second, [20, 25])
+    _wandb_file(tmp_path / "wandb" / "offline-run-20261127_120000-other" / "run-other.wandb", [99])
+    assert offline_step(tmp_path, "abc") == 25  # every folder of the run, no other run's
+
+    second.write_bytes(data[:-100])  # the writer killed in the middle of step 25's last chunk
+    assert offline_step(tmp_path, "abc") == 20
+    damaged = bytearray(data)
+    damaged[-50] ^= 0xFF
+    second.write_bytes(bytes(damaged))
+    assert offline_step(tmp_path, "abc") == 20
+    second.write_bytes(b"")  # an attempt that ended inside wandb.init
+    assert offline_step(tmp_path, "abc") == 15
+    second.write_bytes(b"not a W&B file at all")
+    with pytest.raises(ValueError, match="not a W&B run file"):
+        offline_step(tmp_path, "abc")
