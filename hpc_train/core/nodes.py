@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpc_train.core.files import read_json, write_json_atomic
-from hpc_train.core.records import NodeSummary, Progress, RankCompute, RankStatus, StartupProfile
+from hpc_train.core.records import NodeSummary, Progress, RankCompute, RankStatus, StartupProfile, StragglerReport
 
 __all__ = ["NODE_DIR_VARIABLE", "NODE_EVERY_S", "SOON_S", "NodeChannel", "node_base"]
 
@@ -132,6 +132,15 @@ class NodeChannel:
 
     def progress(self, rank: int) -> Progress | None:
         return Progress.salvage(read_json(self.folder / f"progress_{rank}.json"))[0]
+
+    def publish_stragglers(self, report: StragglerReport) -> None:
+        """Rank 0's latest straggler verdict (a user's script: its worker judges), node-local, where rank 0's script
+        reads it for its own trackers (``script_clock.TrackerFigures``). Not part of the summary."""
+        write_json_atomic(self.folder / "stragglers.json", report.to_json(), durable=False)
+
+    def stragglers(self) -> StragglerReport | None:
+        """The verdict ``publish_stragglers`` left on this node (None: none yet, or unreadable)."""
+        return StragglerReport.salvage(read_json(self.folder / "stragglers.json"))[0]
 
     # ---- the summary --------------------------------------------------------------------------------------------
 

@@ -809,6 +809,21 @@ class StragglerReport(_Record):
             return 0.0
         return 1.0 - self.median_s / self.slowest_s
 
+    def tracker_figures(self) -> dict[str, float]:
+        """What the trackers get of the window: the slowest rank's own time per step over the median's
+        (``stragglers/slowest_x_median``), how many stragglers there are, and each straggler's node with its
+        slowdown (``stragglers/node/<host>``: a node's line appears in the tracker only while it is slow)."""
+        if not self.median_s:
+            return {}
+        figures = {
+            "stragglers/slowest_x_median": round((self.slowest_s or self.median_s) / self.median_s, 4),
+            "stragglers/count": float(len(self.ranks)),
+        }
+        for slow in self.ranks:
+            key = f"stragglers/node/{slow.host or f'rank{slow.rank}'}"
+            figures[key] = max(figures.get(key, 0.0), slow.slowdown)
+        return figures
+
     def describe(self) -> str:
         """One line per straggler, or '' when there is none."""
         if not self.ranks:

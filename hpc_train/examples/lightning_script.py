@@ -7,6 +7,8 @@ by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next
 records each attempt's first step (``starts.txt``), the step reached (``step.txt``, for tests that signal
 mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at`` makes the
 first attempt send itself the preemption signal at a given step, for tests that need the stop at one place.
+``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
+variables it gives the script name it).
 """
 
 import argparse
@@ -68,12 +70,23 @@ class Progress(pl.Callback):
                 f.write(f"{trainer.global_step}\n")
 
 
+def _logger(name: str) -> pl.loggers.Logger | bool:
+    if name == "mlflow":  # the run hpc_train made: its variables name the store, the experiment and the run
+        return pl.loggers.MLFlowLogger(
+            experiment_name=os.environ["MLFLOW_EXPERIMENT_NAME"],
+            tracking_uri=os.environ["MLFLOW_TRACKING_URI"],
+            run_id=os.environ.get("MLFLOW_RUN_ID"),
+        )
+    return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument("--signal-at", type=int, default=-1, help="the first attempt signals itself at this step")
+    parser.add_argument("--logger", choices=["none", "mlflow"], default="none")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -88,7 +101,7 @@ def main() -> None:
         max_steps=args.steps,
         default_root_dir=args.out,  # where the callback's hpc_ckpt_<step>.ckpt files go: this run's own folder
         callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.signal_at)],
-        logger=False,
+        logger=_logger(args.logger),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -31,6 +31,11 @@ A loader shuffled from the global RNG (``shuffle=True`` on one rank) draws anoth
 epoch end runs the validation it does when training is stopped early, after the checkpoint is written, and
 loggers record the run as "failed" (Lightning's word for an exit during ``fit``). A logger that keeps its
 history in memory (scvi-tools' ``model.history``) gets the earlier attempts' rows back on resume.
+
+Stragglers (``cluster.stragglers``): hpc_train times each rank's DDP model and names a slow one in its log,
+``status/`` and ``jobs status`` with no callback at all. With the callback, rank 0 also logs each verdict's
+figures (``stragglers/slowest_x_median``, ``stragglers/count``, ``stragglers/node/<host>``) to Lightning's own
+loggers at the step it arrives.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import torch
 from hpc_train.core.errors import ConfigError, DistEnvironmentError
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
+from hpc_train.runtime.script_clock import TrackerFigures
 
 try:
     import lightning.pytorch as pl
@@ -141,6 +147,8 @@ class PreemptionCallback(pl.Callback):
         self._saving: dict[str, Any] = {}
         self._resume: dict[str, Any] = {}
         self._random_pending: dict[str, Any] | None = None
+        self._stragglers = TrackerFigures()
+        """Rank 0: the straggler figures of its worker's verdicts, for Lightning's own loggers."""
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         _check_shape(trainer)
@@ -191,6 +199,8 @@ class PreemptionCallback(pl.Callback):
         if self.stopped or step == self._last_step:  # no optimizer step (gradient accumulation): no agreement
             return
         self._last_step = step
+        if trainer.is_global_zero:
+            _log_stragglers(trainer, self._stragglers.new(), step)
         if not preemption.should_stop(step):
             return
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and not self._deferred:
@@ -227,6 +237,17 @@ class PreemptionCallback(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.stopped and self.exit_after_stop:
             raise Stopped(trainer.global_step, self.saved or checkpoint_path(trainer.default_root_dir, 0))
+
+
+def _log_stragglers(trainer: pl.Trainer, figures: Mapping[str, float], step: int) -> None:
+    """A new straggler verdict's figures, at ``step``, to each of Lightning's own loggers (MLflow, W&B,
+    TensorBoard, CSV, ...): trackers. A logger of another package (scvi-tools' history) is the user's own
+    record, and is left as it is."""
+    if not figures:
+        return
+    for logger in trainer.loggers:
+        if type(logger).__module__.startswith("lightning.pytorch.loggers"):
+            logger.log_metrics(dict(figures), step=step)
 
 
 def _warn(trainer: pl.Trainer, message: str) -> None:

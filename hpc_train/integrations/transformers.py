@@ -26,6 +26,12 @@ callbacks from sending them twice: on rank 0, from the end of such a step to the
 Trainer's state says it is not the main process, which every reporting callback checks before it logs. (The
 Trainer still keeps the rows in its own ``log_history``.) Rank 0 records each step it reports
 (``hpc_train.preemption.trackers_hold``).
+
+Stragglers (``cluster.stragglers``): hpc_train times each rank's DDP model and names a slow one in its log,
+``status/`` and ``jobs status`` with no callback at all. With the callback, rank 0 also logs the figures of each
+verdict into the Trainer's MLflow run (at the step just logged) and W&B run (with its next row):
+``stragglers/slowest_x_median``, ``stragglers/count`` and ``stragglers/node/<host>``. Other reporters
+(TensorBoard, ...) do not get them.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
+from hpc_train.runtime.script_clock import TrackerFigures, log_to_active_trackers
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -94,6 +101,8 @@ class PreemptionCallback(TrainerCallback):
         self._held: int | None = None
         """The latest step the run dir's tracker runs hold from an earlier attempt (None: none)."""
         self._muted = False
+        self._stragglers = TrackerFigures()
+        """Rank 0: the straggler figures of its worker's verdicts, for the MLflow and W&B runs the Trainer logs to."""
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -121,6 +130,10 @@ class PreemptionCallback(TrainerCallback):
     ) -> TrainerControl:
         if self._main and not self._muted and preemption.tracker_run_ids():
             preemption.trackers_hold(state.global_step)  # the reporting callbacks, before this one, sent it
+        if self._main and not self._muted:
+            figures = self._stragglers.new()
+            if figures:  # the reporting callbacks have sent this row: MLflow at its step, W&B in the next row
+                log_to_active_trackers(figures, state.global_step)
         return control
 
     def _unmute(self, state: TrainerState) -> None:

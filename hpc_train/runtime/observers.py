@@ -28,7 +28,6 @@ __all__ = [
     "StartupMarks",
     "StragglerLog",
     "TrackerRows",
-    "straggler_figures",
 ]
 
 PROGRESS_EVERY_S = 1.0
@@ -132,7 +131,7 @@ class ProgressFile(StepObserver):
 
 class TrackerRows(StepObserver):
     """Rank 0's metrics rows, to the run dir's MLflow / W&B runs (``hpc_train.tracking.TrackerLog``), with the
-    latest straggler figures (``straggler_figures``) in the next row after each window."""
+    latest straggler figures (``StragglerReport.tracker_figures``) in the next row after each window."""
 
     def __init__(self, trackers: TrackerLog) -> None:
         self.trackers = trackers
@@ -142,27 +141,11 @@ class TrackerRows(StepObserver):
         self.trackers.start(step)
 
     def on_stragglers(self, report: StragglerReport) -> None:
-        self._stragglers = straggler_figures(report)
+        self._stragglers = report.tracker_figures()
 
     def on_metrics(self, row: Mapping[str, Any]) -> None:
         figures, self._stragglers = self._stragglers, {}
         self.trackers.row({**row, **figures})
-
-
-def straggler_figures(report: StragglerReport) -> dict[str, float]:
-    """What the trackers get of a window: the slowest rank's own time per step over the median's
-    (``stragglers/slowest_x_median``), how many stragglers there are, and each straggler's node with its
-    slowdown (``stragglers/node/<host>``: a node's line appears in the tracker only while it is slow)."""
-    if not report.median_s:
-        return {}
-    figures = {
-        "stragglers/slowest_x_median": round((report.slowest_s or report.median_s) / report.median_s, 4),
-        "stragglers/count": float(len(report.ranks)),
-    }
-    for slow in report.ranks:
-        key = f"stragglers/node/{slow.host or f'rank{slow.rank}'}"
-        figures[key] = max(figures.get(key, 0.0), slow.slowdown)
-    return figures
 
 
 class StragglerLog(StepObserver):

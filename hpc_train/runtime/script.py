@@ -428,6 +428,8 @@ def script_stragglers(rd: RunDir, env: DistEnv, cfg: Config) -> Iterator[None]:
                 report = judge_from_summaries(rd.node_summaries(), judge, time.time(), sc.window_s)
                 if report is not None:
                     verdicts.on_stragglers(report)
+                    if rd.node is not None:  # for the trackers of rank 0's script (the integrations' callbacks)
+                        rd.node.publish_stragglers(report)
             except OSError as exc:  # the run dir's file system: tried again at the next window
                 log.warning("hpc_train: the straggler figures could not be read: %s", exc)
 

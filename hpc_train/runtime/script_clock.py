@@ -6,6 +6,10 @@ Accelerate) gets a ``ComputeClock`` on the model it wraps, and a thread reports 
 every window through its node (``NodeChannel.report_compute``: node-local, no collective, no file of its own in
 the run dir). Rank 0's worker compares the ranks from the nodes' summaries (``judge_from_summaries``).
 
+Rank 0's worker leaves its newest verdict in its node's folder (``NodeChannel.publish_stragglers``), where rank 0
+of the script reads it (``TrackerFigures``): the integrations' callbacks log its figures into the script's own
+trackers (Lightning's loggers; the Hugging Face Trainer's MLflow and W&B runs, ``log_to_active_trackers``).
+
 What it does not reach: a model that is not wrapped in torch's DDP (FSDP, DeepSpeed, a framework's own
 all-reduce), a script started as a command (``script.command``: no ``script_boot``), and the gap between
 windows (a rank's figure is its own window's, not aligned with the others' as the built-in trainer's are).
@@ -16,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import sys
 import threading
@@ -28,7 +33,9 @@ from typing import Any
 from hpc_train.core.nodes import NODE_DIR_VARIABLE, NodeChannel
 from hpc_train.core.records import NodeSummary, RankCompute, StragglerReport
 
-__all__ = ["WINDOW_VARIABLE", "install", "judge_from_summaries"]
+__all__ = ["WINDOW_VARIABLE", "TrackerFigures", "install", "judge_from_summaries", "log_to_active_trackers"]
+
+log = logging.getLogger(__name__)
 
 WINDOW_VARIABLE = "HPC_TRAIN_STRAGGLER_WINDOW_S"
 """Set by the worker (cluster.stragglers.window_s) when the script's ranks should time themselves."""
@@ -136,3 +143,67 @@ def judge_from_summaries(
     figures = [RankWindow(r.rank, r.per_interval_s, host, r.device) for r, host in newest.values()]
     report: StragglerReport = judge.judge(sorted(figures, key=lambda f: f.rank), step, now)
     return report
+
+
+class TrackerFigures:
+    """Rank 0 of a user's script: the tracker figures (``StragglerReport.tracker_figures``) of each new verdict of
+    its worker, read from the node's folder at most once every ``CHECK_S``. Nothing on other ranks, without a
+    node channel, or with stragglers off."""
+
+    CHECK_S = 1.0
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        run_dir = environ.get("HPC_TRAIN_RUN_DIR")
+        wanted = environ.get("RANK") == "0" and float(environ.get(WINDOW_VARIABLE) or 0) > 0 and bool(run_dir)
+        self._channel = (
+            NodeChannel.from_environ(Path(str(run_dir)), Path(str(run_dir)) / "status", environ) if wanted else None
+        )
+        self._checked = float("-inf")
+        self._seen = 0.0
+
+    def new(self) -> dict[str, float]:
+        """The figures of a verdict newer than the last one returned; {} when there is none (or it was checked
+        less than ``CHECK_S`` ago)."""
+        now = time.monotonic()
+        if self._channel is None or now - self._checked < self.CHECK_S:
+            return {}
+        self._checked = now
+        report = self._channel.stragglers()
+        if report is None or report.time <= self._seen:
+            return {}
+        self._seen = report.time
+        return report.tracker_figures()
+
+
+_warned: set[str] = set()
+
+
+def log_to_active_trackers(figures: Mapping[str, float], step: int) -> list[str]:
+    """Log ``figures`` into the trackers the script has open in this thread: MLflow's active run (at ``step``) and
+    W&B's run (into its next row: ``commit=False``). Only those the script imported; a failure is one warning per
+    tracker. The names of the trackers that took them."""
+    took = []
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and hasattr(mlflow, "active_run"):
+        try:
+            if mlflow.active_run() is not None:
+                mlflow.log_metrics(dict(figures), step=step)
+                took.append("mlflow")
+        except Exception as exc:  # noqa: BLE001 - a tracker never ends training
+            _warn_once("mlflow", exc)
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is not None:
+        try:
+            run.log(dict(figures), commit=False)
+            took.append("wandb")
+        except Exception as exc:  # noqa: BLE001
+            _warn_once("wandb", exc)
+    return took
+
+
+def _warn_once(tracker: str, exc: Exception) -> None:
+    if tracker not in _warned:
+        _warned.add(tracker)
+        log.warning("hpc_train: the straggler figures could not go to %s: %s", tracker, exc)

@@ -99,6 +99,8 @@ class Supervisor:
         self.stop_at: float | None = None
         """``signal_lead_s=auto``: when (time.time) this supervisor tells the step to stop, the lead derived for
         this attempt before the job's end; None: Slurm's own --signal does it (a fixed lead), or it was sent."""
+        self.lead_s = 0
+        """The signal lead of this attempt (``_arm_stop``)."""
 
     def _asked(self) -> tuple[int, int] | None:
         """The job record's --nodes (cluster.slurm.shape=earliest_finish may have asked for one count of the
@@ -272,6 +274,7 @@ class Supervisor:
         requeue, and this attempt may know better."""
         found = measured(self.rd, self.ledger.attempts)
         lead = derive_lead(self.cfg, found)
+        self.lead_s = lead.seconds
         hierarchy = timeouts(self.cfg, found, self.kill_wait, lead)
         for line in hierarchy.lines():
             say(line, sys.stdout)
@@ -323,6 +326,17 @@ class Supervisor:
         if not slow:
             return
         worst = slow[0]  # (slowest first)
+        left = self._left_s()
+        if left < 2 * self.lead_s:  # (NaN: Slurm did not say, and the node is left)
+            # The job's own stop is due before a next attempt here could train: leaving the node now would only
+            # meet it in the middle of the restart, and the requeue starts afresh anyway.
+            say(
+                f"straggler {worst.describe()}: the job ends in {left:.0f} s, within twice the signal lead "
+                f"({self.lead_s} s); {worst.host} stays until the job's own stop",
+                sys.stdout,
+            )
+            self.straggler_check_at = math.inf
+            return
         bad = [node.host for node in self.rd.bad_node_records()]
         if isinstance(
             pick_nodes(self.allocation, [*bad, worst.host], self.cluster, lambda n: fits_on(self.cfg, n)), str

@@ -124,13 +124,17 @@ class Measured:
         return max(known) if known else None
 
     def describe(self) -> str:
-        """'a step 0.52 s, a checkpoint 12.3 s, a stop 13.1 s (measured)', or what is not measured yet."""
-        named = [
+        """'a step 0.52 s (latest mean), a checkpoint 12.3 s, a stop 13.1 s (slowest measured in this run dir)',
+        or what is not measured yet."""
+        named = [f"a step {_seconds(self.step_s)} (latest mean)"] if self.step_s is not None else []
+        named += [
             f"{what} {_seconds(value)}"
-            for what, value in (("a step", self.step_s), ("a checkpoint", self.checkpoint_s), ("a stop", self.stop_s))
+            for what, value in (("a checkpoint", self.checkpoint_s), ("a stop", self.stop_s))
             if value is not None
         ]
-        return f"{', '.join(named)} (slowest measured in this run dir)" if named else "not measured yet (a first run)"
+        if not named:
+            return "not measured yet (a first run)"
+        return ", ".join(named) + (" (slowest measured in this run dir)" if len(named) > 1 or not self.step_s else "")
 
 
 def measured(rd: RunDir, attempts: Sequence[AttemptRecord] | None = None) -> Measured:

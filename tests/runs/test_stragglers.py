@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO
+from ..conftest import REPO, needs
+from ..wandb_offline import offline_history
 
 pytestmark = pytest.mark.slow
 
@@ -208,3 +209,50 @@ def test_a_rank_under_a_cpu_quota_is_named_and_a_run_without_one_names_none(tmp_
             f"to run, and the load average was {load:.1f}"
         )
     assert not any(e.ranks for e in reports), [e.describe() for e in reports]
+
+
+@needs("mlflow")
+@pytest.mark.parametrize("framework", ["transformers", "lightning"])
+def test_a_scripts_own_mlflow_run_gets_the_straggler_figures_through_the_callback(
+    run_cli, tmp_path: Path, framework: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A 2-rank Hugging Face or Lightning script with hpc_train's callback, logging to the MLflow run hpc_train made
+    (and the Trainer to its W&B run, offline): each verdict of rank 0's worker (1 s windows) reaches them, at a
+    step the script trained."""
+    pytest.importorskip(framework, reason="the frameworks are in the test extra")
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    out = tmp_path / "out"
+    if framework == "transformers":
+        script = ["script.module=hpc_train.examples.hf_trainer"]
+        args = f"[--out,{out},--steps,60,--sleep,0.1,--report-to,'mlflow,wandb',--logging-steps,5]"
+        script += ["tracking.wandb.project=stragglers", "tracking.wandb.mode=offline"]
+    else:
+        script = ["script.module=hpc_train.examples.lightning_script"]
+        args = f"[--out,{out},--steps,60,--sleep,0.1,--logger,mlflow]"
+    done, run_dir = run_cli(
+        *script,
+        f"script.args={args}",
+        "cluster.tasks_per_node=2",
+        "cluster.stragglers.window_s=1",
+        f"tracking.mlflow.uri={store}",
+        "tracking.mlflow.experiment=stragglers",
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    judged = RunDir(run_dir).straggler_reports()
+    assert judged, "rank 0's worker judged no window"
+    runs = {r.tracker: r for r in RunDir(run_dir).tracker_runs()}
+    client = MlflowClient(store)
+    slowest = client.get_metric_history(runs["mlflow"].run_id, "stragglers/slowest_x_median")
+    counts = client.get_metric_history(runs["mlflow"].run_id, "stragglers/count")
+    assert slowest and len(counts) == len(slowest), (slowest, counts)
+    assert all(m.value >= 1.0 for m in slowest) and all(0 < m.step <= 60 for m in slowest), slowest
+    if framework == "transformers":  # at the step the Trainer had just logged; in W&B with its next row
+        assert all(m.step % 5 == 0 for m in slowest), slowest
+        rows = [values for _, _, values in offline_history(run_dir, runs["wandb"].run_id)]
+        figures = [r["stragglers/slowest_x_median"] for r in rows if "stragglers/slowest_x_median" in r]
+        assert figures and all(f >= 1.0 for f in figures), rows[-3:]
+        assert any("train/loss" in r for r in rows if "stragglers/count" in r)  # merged into the Trainer's rows
+    assert len({m.step for m in slowest}) == len(slowest), slowest  # the newest verdict once, not every one twice

@@ -14,7 +14,7 @@ from hpc_train.core.errors import ConfigError
 from hpc_train.core.records import BadNode, SlowRank, StragglerReport
 from hpc_train.core.rundir import RunDir
 from hpc_train.distributed.stragglers import ComputeClock, RankWindow, StragglerJudge, rank_places
-from hpc_train.runtime.observers import StragglerLog, straggler_figures
+from hpc_train.runtime.observers import StragglerLog
 from hpc_train.tools.api import compose_config
 
 
@@ -157,13 +157,13 @@ def test_the_trackers_get_the_slowest_rank_and_each_slow_node() -> None:
             SlowRank(rank=7, slowdown=1.3),
         ),
     )
-    assert straggler_figures(report) == {
+    assert report.tracker_figures() == {
         "stragglers/slowest_x_median": 2.0,
         "stragglers/count": 3.0,
         "stragglers/node/n2": 2.0,
         "stragglers/node/rank7": 1.3,
     }
-    assert straggler_figures(StragglerReport(time=1.0)) == {}
+    assert StragglerReport(time=1.0).tracker_figures() == {}
 
 
 def test_jobs_status_shows_the_stragglers_now_or_the_last_ones(tmp_path: Path) -> None:
@@ -289,3 +289,65 @@ def test_the_supervisor_leaves_a_node_slow_for_replace_after_s_and_goes_on_with_
     assert bad.host == "node2" and bad.why.startswith("straggler: rank 1 (node2, cpu) 1.60x the median"), bad
     assert [a.outcome.value for a in rd.attempt_records()] == ["stopped", "completed"]
     assert rd.restart_requested() is None  # consumed by the next attempt
+
+
+def test_rank_0_of_a_script_reads_each_new_verdict_of_its_worker_once(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from hpc_train.core.nodes import NODE_DIR_VARIABLE, NodeChannel
+    from hpc_train.runtime.script_clock import WINDOW_VARIABLE, TrackerFigures
+
+    channel = NodeChannel.open(tmp_path, tmp_path / "status", job="1", local_ranks=2, base=tmp_path / "shm")
+    environ = {
+        "RANK": "0",
+        WINDOW_VARIABLE: "1",
+        "HPC_TRAIN_RUN_DIR": str(tmp_path),
+        NODE_DIR_VARIABLE: str(channel.folder),
+    }
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    figures = TrackerFigures(environ)
+    assert figures.new() == {}  # no verdict yet
+    slow = SlowRank(rank=1, host="node7", device="cpu", slowdown=2.0, per_step_s=0.2, since_step=4, since_time=1.0)
+    channel.publish_stragglers(StragglerReport(time=10.0, step=9, median_s=0.1, slowest_s=0.2, ranks=(slow,)))
+    assert figures.new() == {}  # checked less than a second ago
+    clock[0] += 1.0
+    assert figures.new() == {"stragglers/slowest_x_median": 2.0, "stragglers/count": 1.0, "stragglers/node/node7": 2.0}
+    clock[0] += 1.0
+    assert figures.new() == {}  # the same verdict: logged once
+    channel.publish_stragglers(StragglerReport(time=12.0, step=11, median_s=0.1, slowest_s=0.11))
+    clock[0] += 1.0
+    assert figures.new() == {"stragglers/slowest_x_median": 1.1, "stragglers/count": 0.0}  # node7 recovered
+    for other in ({**environ, "RANK": "1"}, {**environ, WINDOW_VARIABLE: "0"}, {**environ, NODE_DIR_VARIABLE: ""}):
+        clock[0] += 1.0
+        assert TrackerFigures(other).new() == {}  # another rank, stragglers off, no node channel
+
+
+def test_the_supervisor_keeps_a_slow_node_when_the_job_ends_within_twice_the_lead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Named as above, but squeue says the job ends in 100 s, within twice the 90 s lead: the time limit's stop is
+    due before a next attempt could train, so the node stays and the step runs on to Slurm's own signal."""
+    import sys
+    from datetime import datetime
+
+    from .test_recovery import supervised
+
+    bindir = tmp_path / "slurm"
+    bindir.mkdir()
+    ends = datetime.fromtimestamp(time.time() + 100).isoformat(timespec="seconds")
+    (bindir / "squeue").write_text(f"#!{sys.executable}\nprint('{ends}')\n")
+    (bindir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    slow = SlowRank(rank=1, host="node2", device="cpu", slowdown=1.6, since_step=10, since_time=time.time() - 30)
+    rd.record_stragglers(StragglerReport(time=time.time() + 5, step=40, median_s=0.01, slowest_s=0.016, ranks=(slow,)))
+    done = {
+        "0": {"state": "completed", "step": 70, "host": "node1"},
+        "1": {"state": "completed", "step": 70, "host": "node2"},
+    }
+    code, rd, calls = supervised(
+        tmp_path, [{"wait_for_signal": 3, "statuses": done}], stragglers={"replace_after_s": 10}
+    )
+    assert code == 0 and len(calls) == 1
+    assert (tmp_path / "bin0" / "signalled.txt").read_text() == "False\n"  # not told to stop
+    assert rd.bad_node_records() == [] and rd.restart_requested() is None
