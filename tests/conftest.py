@@ -136,13 +136,21 @@ def wait_for_ranks(
     alive: Callable[[], bool] = lambda: True,
     explain: Callable[[], str] = lambda: "",
 ) -> None:
-    """Wait until every rank of the run in ``run_dir`` has reported ``step`` in its status (the heartbeat the
-    built-in trainer rewrites at every metrics row). ``alive``: false once the run has ended, which fails the
-    wait at once; ``explain``: what a failed wait adds to its message (the run's output)."""
+    """Wait until every rank of the run in ``run_dir`` has reached ``step``: rank 0's metrics row of that step or a
+    later one (written once the ranks' losses are reduced at that step, so every rank is there), or every rank's
+    status. The row comes first: statuses reach ``status/`` through the nodes' summaries, every 10 s in steady
+    training, and a short run can be over between two of them (a signal meant for mid-run came after its end).
+    ``alive``: false once the run has ended, which fails the wait at once; ``explain``: what a failed wait adds
+    to its message (the run's output)."""
     from hpc_train.core.rundir import RunDir
 
+    def reached() -> int:
+        rd = RunDir(run_dir)
+        rows = max((int(row.get("step") or 0) for row in rd.read_metrics()), default=0)
+        return max(rows, min((s.get("step") or 0 for s in rd.read_statuses().values()), default=0))
+
     deadline = time.monotonic() + timeout
-    while min((s.get("step") or 0 for s in RunDir(run_dir).read_statuses().values()), default=0) < step:
+    while reached() < step:
         assert alive(), f"the run ended before every rank reached step {step}: {explain()}"
         assert time.monotonic() < deadline, f"no step {step} on every rank within {timeout:g}s: {explain()}"
         time.sleep(0.05)
