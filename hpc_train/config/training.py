@@ -3,10 +3,24 @@ with its learning-rate schedule, early stopping and DDP options)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hpc_train.config.checks import F32, FLOAT32_MAX, INT32_MAX, INT64_MAX, YEAR_MIN, YEAR_S, Checked, check_target
+from hpc_train.config.checks import (
+    F32,
+    FLOAT32_MAX,
+    INT32_MAX,
+    INT64_MAX,
+    YEAR_MIN,
+    YEAR_S,
+    Checked,
+    check_target,
+    control_character,
+)
+
+MIRROR_URL = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s]")
+"""A store's URL: a scheme, then the bucket or host (``s3://bucket/prefix``)."""
 
 __all__ = [
     "DEVICES",
@@ -251,6 +265,15 @@ class TrainerConfig(Checked):
     """Start a new run from the weights of an earlier one: a run dir (its model_final.pt, else its newest
     checkpoint), a model_*.pt state dict or a checkpoints/step_*.pt file. Weights only: the optimizer, the step
     and the data order start afresh. Ignored when this run dir has a checkpoint of its own to resume from."""
+    mirror: str = ""
+    """A second store for the run's results ('' off): an absolute path (project space) or an fsspec URL
+    (``s3://bucket/prefix``, with s3fs; credentials and endpoint from the environment or ``~/.aws``, never from
+    here). Rank 0 copies each verified checkpoint, the final weights, config.yaml, overrides.json, metrics.jsonl
+    and the status ledgers there in the background, checks each copy by reading it back, and keeps as many
+    checkpoints as ``keep_checkpoints``. A run dir whose checkpoints are gone resumes from it
+    (``hpc_train.mirror``)."""
+    mirror_wait_s: float = 60.0
+    """How long a stop (preemption, time limit, end of training) waits for the copy in flight to land."""
     compile: bool = False
     """torch.compile the model (after the DDP wrap, so DDP's optimizer splits the graph at bucket boundaries).
     The first steps take longer (compilation); later ones launch fewer, fused kernels."""
@@ -298,6 +321,8 @@ class TrainerConfig(Checked):
         check_target(self, "loss")
         check_target(self, "metric")
         self._bounded("profile_steps", 0, INT64_MAX, 5, why="2**63-1; 0 is off")
+        self._bounded("mirror_wait_s", 0.0, YEAR_S, 60, why="365 days")
+        self._check_mirror()
         if self.early_stopping.monitor == "val_metric":
             self._require(
                 self.metric is not None,
@@ -305,3 +330,26 @@ class TrainerConfig(Checked):
                 "monitor=val_metric needs trainer.metric",
                 "set trainer.metric={_target_: ...} or monitor val_loss / val_acc",
             )
+
+    def _check_mirror(self) -> None:
+        """A store hpc_train can name on every node: an absolute path or a URL, on one line (it goes into the job
+        script's environment). Whether its package is installed is checked at submission (``launch.preflight``)."""
+        value = self.mirror
+        self._require(
+            isinstance(value, str), "mirror", "must be a path or a URL", "e.g. trainer.mirror=s3://bucket/runs"
+        )
+        if not value:
+            return
+        hit = control_character(value)
+        self._require(
+            hit is None,
+            "mirror",
+            f"holds the control character {hit[1] if hit else ''}",
+            "remove it from the value (look in the profile or experiment file that sets it)",
+        )
+        self._require(
+            value.startswith("/") or bool(MIRROR_URL.match(value)),
+            "mirror",
+            "must be an absolute path (every node resolves a relative one elsewhere) or a URL with a bucket or host",
+            "e.g. trainer.mirror=/project/me/runs/exp1 or trainer.mirror=s3://bucket/runs/exp1",
+        )

@@ -15,6 +15,7 @@ damaged record and says what was not: that is what ``jobs status`` lists under "
     status/bad_nodes.json      [BadNode]
     status/growths.json        [Growth]
     status/trackers.json       [TrackerRun]
+    status/mirror.json         MirrorStatus (and the mirror's own ledger, mirror.json there: MirrorLedger)
 
 ``RunDir`` (``hpc_train.core.rundir``) reads and writes them.
 """
@@ -40,6 +41,9 @@ __all__ = [
     "BadNode",
     "Failure",
     "Growth",
+    "MirrorLedger",
+    "MirrorStatus",
+    "MirroredFile",
     "NodeSummary",
     "Progress",
     "RankCompute",
@@ -831,3 +835,80 @@ class StragglerReport(_Record):
         lost = f"; the job loses {100 * self.lost_fraction:.0f}% of its samples/s to the slowest"
         named = first_few([r.describe() for r in self.ranks], sep="; ")  # a slow rack: the first five, counted
         return f"straggler{'s' if len(self.ranks) > 1 else ''}: {named} (median {self.median_s:.4f} s/step){lost}"
+
+
+_SHA256 = _Key("is not a SHA-256 in hex", lambda v: isinstance(v, str) and len(v) == 64, required=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirroredFile(_Record):
+    """One file of a run as its mirror holds it, verified (``hpc_train.mirror``): its path in the run dir, the
+    SHA-256 and size the copy read back with, when it landed, and for a checkpoint its step."""
+
+    name: str
+    """The path in the run dir: ``checkpoints/step_000000040.pt``, ``model_final.pt``, ``status/attempts.json``."""
+    sha256: str
+    size: int
+    time: float
+    step: int | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "name": _Key(
+            "is not a relative path in the run dir",
+            lambda v: isinstance(v, str) and bool(v) and not v.startswith("/") and ".." not in v.split("/"),
+            required=True,
+        ),
+        "sha256": _SHA256,
+        "size": _Key("is not a size in bytes", _integer, required=True),
+        "time": _Key("is not a time stamp", _number, required=True),
+        "step": _STEP,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirrorLedger(_Record):
+    """The mirror's own ledger (``mirror.json`` at the mirror's root): each file it holds that was verified
+    after the copy. Only what it names is resumed from, pulled, or pruned."""
+
+    run: str
+    """The run dir it mirrors (as rank 0 resolved it)."""
+    files: tuple[MirroredFile, ...] = ()
+    time: float | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "run": _Key("is not a path", _string, required=True),
+        "files": _records(MirroredFile),
+        "time": _TIME,
+    }
+
+    def checkpoints(self) -> list[MirroredFile]:
+        """The checkpoints it names, oldest step first."""
+        found = [f for f in self.files if f.step is not None and f.name.startswith("checkpoints/")]
+        return sorted(found, key=lambda f: f.step or 0)
+
+    def named(self, name: str) -> MirroredFile | None:
+        return next((f for f in self.files if f.name == name), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirrorStatus(_Record):
+    """Rank 0's latest word on the mirror (``status/mirror.json``), for ``jobs status``."""
+
+    store: str
+    time: float
+    landed: str = ""
+    """The newest checkpoint the mirror holds verified ('' when none)."""
+    landed_step: int | None = None
+    error: str = ""
+    """Why the latest copy did not land ('' when it did)."""
+    seconds: float | None = None
+    """How long the latest copy took, from its start until the mirror's ledger named it."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "store": _Key("is not a string", _string, required=True),
+        "time": _Key("is not a time stamp", _number, required=True),
+        "landed": _Key("is not a string", _string),
+        "landed_step": _STEP,
+        "error": _Key("is not a string", _string),
+        "seconds": _SECONDS,
+    }

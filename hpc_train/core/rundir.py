@@ -64,6 +64,7 @@ from hpc_train.core.records import (
     AttemptRecord,
     BadNode,
     Growth,
+    MirrorStatus,
     NodeSummary,
     Progress,
     RankState,
@@ -500,6 +501,17 @@ class RunDir:
     def tracker_run(self, tracker: str, store: str) -> TrackerRun | None:
         """The run of ``tracker`` in ``store`` (None: not created yet)."""
         return next((r for r in self.tracker_runs() if (r.tracker, r.store) == (tracker, store)), None)
+
+    @property
+    def mirror_status(self) -> Path:
+        """Rank 0's latest word on the run's mirror (``MirrorStatus``; ``hpc_train.mirror``)."""
+        return self.status_dir / "mirror.json"
+
+    def write_mirror_status(self, status: MirrorStatus) -> None:
+        write_json_atomic(self.mirror_status, status.to_json(), durable=False)
+
+    def mirror_state(self) -> MirrorStatus | None:
+        return MirrorStatus.salvage(read_json(self.mirror_status))[0]
 
     def checkpointed_tracker_runs(self) -> list[TrackerRun]:
         """The tracker runs the checkpoint ledger names: a copy made at each checkpoint, which keeps the runs'

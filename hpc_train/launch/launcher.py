@@ -116,7 +116,7 @@ def write_config(
     if run_dir.config.exists() and run_dir.config.read_text() != text:
         _check_resubmission(run_dir, text)
     if run_dir.config.exists() and not cfg.script.enabled:
-        _check_something_to_resume(run_dir)
+        _check_something_to_resume(run_dir, cfg.trainer.mirror)
     atomic_write(run_dir.config, lambda f: f.write(text.encode()))
     run_dir.write_overrides(_hydra_overrides() if overrides is None else overrides)
     record_reshape(run_dir, reshape)
@@ -213,10 +213,25 @@ def _check_resubmission(run_dir: RunDir, text: str) -> None:
         print(f"hpc_train: resuming {run_dir.path} with new values of {', '.join(differ)}", flush=True)
 
 
-def _check_something_to_resume(run_dir: RunDir) -> None:
+def _check_something_to_resume(run_dir: RunDir, mirror: str) -> None:
     """A finished run (model_final.pt) that left no checkpoint, as older versions did, would be trained again
-    from step 0 over its own weights and metrics: refuse, and say how to go on from it."""
+    from step 0 over its own weights and metrics: refuse, and say how to go on from it. A checkpoint in the run's
+    mirror counts (the ranks resume from it); a mirror that cannot be read from here is left to the ranks."""
     if run_dir.model_final.exists() and not run_dir.checkpoint_files():
+        if mirror:
+            from hpc_train.mirror import Store, read_ledger
+
+            try:
+                ledger = read_ledger(Store(mirror))
+            except Exception as exc:  # noqa: BLE001 - the store's library; the nodes may reach it
+                print(f"hpc_train: WARNING: mirror {mirror} could not be read from here ({exc}); the ranks try it")
+                return
+            held = ledger.checkpoints() if ledger is not None else []
+            if held:
+                print(
+                    f"hpc_train: {run_dir.checkpoints} is empty; the ranks resume from the mirror {mirror} (step {held[-1].step})"
+                )
+                return
         raise ConfigError(
             f"hydra.run.dir={run_dir.path} holds a finished run with no checkpoint to go on from (it was written "
             f"before runs kept their last step), so this would train it again from step 0 over its "

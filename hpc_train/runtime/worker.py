@@ -37,6 +37,7 @@ from hpc_train.tracking import TrackerLog
 if TYPE_CHECKING:
     import torch
 
+    from hpc_train.mirror import Mirror
     from hpc_train.train.hooks import StepObserver
     from hpc_train.train.stopping import StopSignals
     from hpc_train.train.watchdog import Watchdog
@@ -119,12 +120,21 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
         return _ended(rd, env, cfg, job, fit)
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
+    mirror = None
+    if env.is_main and cfg.trainer.mirror:
+        from hpc_train.runtime.mirroring import close_mirror, open_mirror
+
+        mirror = open_mirror(rd, cfg)
     try:
-        fit = _train(rd, env, cfg, job, startup, trackers)
+        fit = _train(rd, env, cfg, job, startup, trackers, mirror)
     except BaseException:
+        if mirror is not None:
+            close_mirror(mirror, cfg, None)
         if trackers is not None:
             trackers.close("failed")
         raise
+    if mirror is not None:  # before the requeue: the stop's checkpoint is the one a purged run dir comes back from
+        close_mirror(mirror, cfg, fit)
     try:
         return _ended(rd, env, cfg, job, fit)  # the requeue first: the trackers' last rows must not delay it
     finally:
@@ -142,7 +152,13 @@ def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) ->
 
 
 def _train(
-    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup, trackers: TrackerLog | None
+    rd: RunDir,
+    env: DistEnv,
+    cfg: Config,
+    job: JobIdentity,
+    startup: Startup,
+    trackers: TrackerLog | None,
+    mirror: Mirror | None,
 ) -> Fit:
     from hpc_train.distributed import distributed
 
@@ -161,7 +177,7 @@ def _train(
             log_timeouts(cfg, rd, os.environ, logging.getLogger("hpc_train"))
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
         startup.mark("process_group")
-        observers = _observers(rd, env, job, watchdog, fault, trackers, startup)
+        observers = _observers(rd, env, job, watchdog, fault, trackers, mirror, startup)
         return _fit(rd, env, cfg, device, stop, observers, startup)
 
 
@@ -221,19 +237,22 @@ def _observers(
     watchdog: Watchdog,
     fault: Fault | None,
     trackers: TrackerLog | None,
+    mirror: Mirror | None,
     startup: Startup,
 ) -> StepObserver:
     """What watches the trainer: the start-up profile, rank 0's goodput progress file and straggler verdicts, the
     watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
     is on record)."""
+    from hpc_train.runtime.mirroring import MirrorCopies
     from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, StragglerLog, TrackerRows
     from hpc_train.train.hooks import Observers
 
     progress = [ProgressFile(rd, env.rank), StragglerLog(rd)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
+    copies = [MirrorCopies(mirror)] if mirror is not None else []
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
     marks = StartupMarks(startup, rd, env.rank, env.hostname)
-    return Observers(marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *faults)
+    return Observers(marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *copies, *faults)
 
 
 def _fit(

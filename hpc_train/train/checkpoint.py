@@ -347,6 +347,15 @@ class Checkpoints:
         record = CheckpointRecord(file=path.name, step=step, sha256=digest, size=size, time=path.stat().st_mtime)
         self._write(_Ledger(records=[record], found=True))
 
+    def adopt_copy(self, path: Path, step: int, sha256: str, size: int) -> None:
+        """Name in the ledger a checkpoint copied into ``checkpoints/`` from elsewhere (the run's mirror), whose
+        SHA-256 and size the copy was checked against: it is verified again when it is loaded."""
+        ledger = self._read()
+        record = CheckpointRecord(file=path.name, step=step, sha256=sha256, size=size, time=time.time())
+        ledger.records = sorted([*(r for r in ledger.records if r.file != path.name), record], key=lambda r: r.step)
+        ledger.found = True
+        self._write(ledger)
+
     def _set_aside(self, path: Path, record: CheckpointRecord | None, why: str, repair: bool) -> None:
         if not repair:
             log.warning("skipping a damaged checkpoint: %s", why)

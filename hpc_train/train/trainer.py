@@ -30,6 +30,8 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.distributed import DistEnv
 from hpc_train.distributed.stragglers import StragglerWatch, rank_places
+from hpc_train.mirror import Store, restore_newest
+from hpc_train.mirror.store import describe_error
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,
@@ -626,7 +628,7 @@ class Trainer:
         found = None
         if self.env.is_main:
             self.checkpoints.clean_leftovers()
-            found = self.checkpoints.newest()
+            found = self.checkpoints.newest() or self._from_mirror()
             records = {r.file: r for r in self.checkpoints.records()}
             if found is not None:
                 record = records.get(found[0].name)
@@ -673,6 +675,35 @@ class Trainer:
         log.info(
             "resumed from %s: step %d, epoch %d (+%d steps)%s", path, self.step, self.epoch, self.step_in_epoch, onto
         )
+
+    def _from_mirror(self) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0, with no checkpoint in the run dir (purged, deleted, a new machine): the newest one the run's
+        mirror holds (``trainer.mirror``), downloaded, checked against the mirror's ledger and named in the run
+        dir's, then verified as any other; None, said plainly, when the mirror has none either."""
+        url = self.cfg.trainer.mirror
+        if not url:
+            return None
+        ran_before = bool(self.run_dir.attempt_records() or self.run_dir.read_metrics())
+        try:
+            store = Store(url)
+            record = restore_newest(store, self.run_dir.checkpoints)
+        except Exception as exc:  # noqa: BLE001 - the store's library: unreachable, no credentials, ...
+            log.warning("mirror %s could not be read (%s): training starts over from step 0", url, describe_error(exc))
+            return None
+        if record is None:
+            say = log.warning if ran_before else log.info
+            say("no checkpoint in %s nor in the mirror %s: training starts from step 0", self.run_dir.checkpoints, url)
+            return None
+        path = self.run_dir.checkpoints / Path(record.name).name
+        self.checkpoints.adopt_copy(path, int(record.step or 0), record.sha256, record.size)
+        log.warning(
+            "no checkpoint in %s: resuming from the mirror %s, which holds %s (step %d), copied back and verified",
+            self.run_dir.checkpoints,
+            url,
+            record.name,
+            record.step,
+        )
+        return self.checkpoints.newest()
 
     def _shape(self) -> Shape:
         tc = self.cfg.trainer

@@ -19,14 +19,16 @@ ALLOWED = {
     "distributed": {"core"},
     # The experiment trackers' runs and rank 0's logging to them: config and run dir only (no torch).
     "tracking": {"core", "config"},
-    "train": {"core", "config", "distributed"},
-    "runtime": {"core", "config", "distributed", "train", "tracking"},
+    # The second store a run's results are copied to (fsspec): config and run dir only (no torch).
+    "mirror": {"core", "config"},
+    "train": {"core", "config", "distributed", "mirror"},
+    "runtime": {"core", "config", "distributed", "train", "tracking", "mirror"},
     # Callbacks for third-party trainers, imported by the user's script; nothing of ours imports them.
-    "integrations": {"core", "config", "distributed", "train", "runtime", "tracking"},
+    "integrations": {"core", "config", "distributed", "train", "runtime", "tracking", "mirror"},
     # Launchers start ranks; the ranks build the trainer. So launch stays clear of train (and of torch).
-    "launch": {"core", "config", "distributed", "runtime", "tracking"},
-    "tools": {"core", "config", "distributed", "train", "runtime", "launch", "tracking"},
-    "entry": {"core", "config", "distributed", "train", "runtime", "launch", "tools", "tracking"},
+    "launch": {"core", "config", "distributed", "runtime", "tracking", "mirror"},
+    "tools": {"core", "config", "distributed", "train", "runtime", "launch", "tracking", "mirror"},
+    "entry": {"core", "config", "distributed", "train", "runtime", "launch", "tools", "tracking", "mirror"},
     # Scripts a user runs (script.module=hpc_train.examples.x): user code, which may use any public part.
     "examples": {
         "core",
@@ -39,6 +41,7 @@ ALLOWED = {
         "tools",
         "entry",
         "tracking",
+        "mirror",
     },
 }
 
@@ -55,6 +58,7 @@ def layer_of(module: str) -> str:
         "core",
         "distributed",
         "tracking",
+        "mirror",
         "train",
         "runtime",
         "integrations",

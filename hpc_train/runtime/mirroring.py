@@ -1,0 +1,57 @@
+"""Rank 0's mirror for one attempt of the built-in trainer (``trainer.mirror``; ``hpc_train.mirror``): a copy
+each time a checkpoint or the final weights are on disk, and at the start (what an earlier attempt could not
+copy), and a bounded wait at the attempt's end."""
+
+from __future__ import annotations
+
+from hpc_train.config import Config
+from hpc_train.core.records import MirroredFile
+from hpc_train.core.rundir import RunDir
+from hpc_train.core.textutil import at_step
+from hpc_train.mirror import Mirror
+from hpc_train.runtime.outcome import Fit
+from hpc_train.train.checkpoint import Checkpoints
+from hpc_train.train.hooks import StepObserver
+
+__all__ = ["FAILURE_WAIT_S", "MirrorCopies", "close_mirror", "open_mirror"]
+
+FAILURE_WAIT_S = 10.0
+"""After a failure, the copy in flight gets at most this long (or trainer.mirror_wait_s, if shorter): the restart
+must not wait long for it."""
+
+
+def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
+    """The run's mirror, on rank 0 (None when trainer.mirror is off)."""
+    tc = cfg.trainer
+    if not tc.mirror:
+        return None
+
+    def checkpoints() -> list[MirroredFile]:
+        return [
+            MirroredFile(name=f"checkpoints/{r.file}", sha256=r.sha256, size=r.size, time=r.time, step=r.step)
+            for r in Checkpoints(rd).records()
+        ]
+
+    return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints)
+
+
+def close_mirror(mirror: Mirror, cfg: Config, fit: Fit | None) -> bool:
+    """The attempt's end (``fit``; None: it failed): a last copy, waited for trainer.mirror_wait_s at most
+    (FAILURE_WAIT_S after a failure). Whether it landed."""
+    wait = cfg.trainer.mirror_wait_s
+    if fit is None:
+        return mirror.close(min(wait, FAILURE_WAIT_S), "the failure")
+    return mirror.close(wait, "the end of training" if fit.completed else f"the stop {at_step(fit.step)}")
+
+
+class MirrorCopies(StepObserver):
+    """Rank 0: asks ``mirror`` for a copy when training starts and each time a state is on disk."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+
+    def on_start(self, step: int) -> None:
+        self.mirror.sync()
+
+    def on_saved(self, step: int) -> None:
+        self.mirror.sync()

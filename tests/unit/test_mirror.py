@@ -1,0 +1,166 @@
+"""The mirror's copies on a local path (``hpc_train.mirror``): what lands is verified and named, what does not is
+never named, pruning deletes only what the mirror's ledger names, and the way back checks every byte. The same
+code against a real S3 server: tests/runs/test_mirror.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from hpc_train.core.errors import ConfigError
+from hpc_train.core.records import MirroredFile, MirrorLedger
+from hpc_train.core.rundir import RunDir
+from hpc_train.mirror import LEDGER, Mirror, Store, read_ledger, restore_newest
+
+
+def _checkpoint(rd: RunDir, step: int, size: int = 4096) -> MirroredFile:
+    """A checkpoint file in the run dir, as its ledger would describe it."""
+    data = bytes((step + i) % 251 for i in range(size))
+    path = rd.checkpoints / f"step_{step:09d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return MirroredFile(
+        name=f"checkpoints/{path.name}", sha256=hashlib.sha256(data).hexdigest(), size=size, time=1.0, step=step
+    )
+
+
+def _mirror(rd: RunDir, url: str, held: list[MirroredFile], keep: int = 2, store: type[Store] = Store) -> Mirror:
+    return Mirror(rd, url, keep, lambda: list(held), store)
+
+
+def test_each_sync_lands_the_newest_checkpoint_and_the_story_verified_and_keeps_as_many(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    rd.config.write_text("trainer: {}\n")
+    rd.metrics.write_text('{"step": 10}\n')
+    url = str(tmp_path / "mirror")
+    held: list[MirroredFile] = []
+    mirror = _mirror(rd, url, held)
+    for step in (10, 20, 30):
+        held.append(_checkpoint(rd, step))
+        mirror.sync()
+        assert mirror.wait(30) and mirror.error == ""
+    ledger = read_ledger(Store(url))
+    assert ledger is not None and ledger.run == str(rd.path.resolve())
+    assert [f.step for f in ledger.checkpoints()] == [20, 30]  # keep=2: step 10 unnamed, then deleted
+    assert sorted(p.name for p in (tmp_path / "mirror" / "checkpoints").iterdir()) == [
+        held[1].name[12:],
+        held[2].name[12:],
+    ]
+    for name in ("config.yaml", "metrics.jsonl", held[2].name):
+        entry = ledger.named(name)
+        assert (
+            entry is not None and entry.sha256 == hashlib.sha256((tmp_path / "mirror" / name).read_bytes()).hexdigest()
+        )
+    status = rd.mirror_state()
+    assert status is not None and status.landed == held[2].name and status.landed_step == 30 and not status.error
+
+
+def test_a_file_that_no_longer_matches_its_ledger_or_reads_back_otherwise_is_never_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    url = str(tmp_path / "mirror")
+    record = _checkpoint(rd, 10)
+    (rd.checkpoints / "step_000000010.pt").write_bytes(b"bits flipped since the save")
+    mirror = _mirror(rd, url, [record])
+    with caplog.at_level(logging.WARNING, logger="hpc_train"):
+        mirror.sync()
+        assert mirror.wait(30)
+    assert "no longer matches its ledger" in mirror.error and url in caplog.text
+    ledger = read_ledger(Store(url))
+    assert ledger is None or ledger.named(record.name) is None
+
+    class Flipping(Store):
+        """A store that gives back other bytes than it was given (a damaged object)."""
+
+        def digest(self, name: str) -> tuple[str, int]:
+            sha, size = super().digest(name)
+            return ("0" * 64, size) if name.startswith("checkpoints/") else (sha, size)
+
+    good = _checkpoint(rd, 20)
+    flipping = _mirror(rd, url, [good], store=Flipping)
+    flipping.sync()
+    assert flipping.wait(30) and "reads back as" in flipping.error
+    ledger = read_ledger(Store(url))
+    assert ledger is None or not ledger.checkpoints()
+    mirror = _mirror(rd, url, [good])  # the next sync, on a store that works again, lands it
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    assert [f.step for f in read_ledger(Store(url)).checkpoints()] == [20]  # type: ignore[union-attr]
+
+
+def test_pruning_deletes_only_what_the_mirrors_ledger_names(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    url = str(tmp_path / "mirror")
+    foreign = tmp_path / "mirror" / "checkpoints" / "step_000000001.pt"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"someone else's file, in the same folder")
+    held = [_checkpoint(rd, step) for step in (10, 20)]
+    mirror = _mirror(rd, url, held, keep=1)
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    held.append(_checkpoint(rd, 30))
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    assert foreign.read_bytes() == b"someone else's file, in the same folder"
+    assert sorted(p.name for p in foreign.parent.iterdir()) == ["step_000000001.pt", "step_000000030.pt"]
+
+
+def test_the_way_back_takes_the_newest_whole_checkpoint_and_passes_over_a_damaged_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    url = str(tmp_path / "mirror")
+    held = [_checkpoint(rd, 10), _checkpoint(rd, 20)]
+    mirror = _mirror(rd, url, [held[0]])
+    mirror.sync()
+    assert mirror.wait(30)
+    mirror = _mirror(rd, url, held)
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    damaged = tmp_path / "mirror" / held[1].name
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"X")
+    back = tmp_path / "back" / "checkpoints"
+    with caplog.at_level(logging.WARNING, logger="hpc_train"):
+        found = restore_newest(Store(url), back)
+    assert found is not None and found.step == 10 and "is damaged" in caplog.text
+    assert sorted(p.name for p in back.iterdir()) == ["step_000000010.pt"]  # no temp file, nothing damaged
+    assert hashlib.sha256((back / "step_000000010.pt").read_bytes()).hexdigest() == held[0].sha256
+    assert restore_newest(Store(str(tmp_path / "empty")), tmp_path / "none") is None
+
+
+def test_a_damaged_ledger_keeps_what_is_whole(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "m").mkdir()
+    whole = MirroredFile(name="checkpoints/step_000000010.pt", sha256="a" * 64, size=1, time=1.0, step=10)
+    raw = MirrorLedger(run="/r", files=(whole,)).to_json()
+    raw["files"].append({"name": "../../etc/passwd", "sha256": "b" * 64, "size": 1, "time": 1.0})
+    (tmp_path / "m" / LEDGER).write_text(json.dumps(raw))
+    with caplog.at_level(logging.WARNING, logger="hpc_train"):
+        found = read_ledger(Store(str(tmp_path / "m")))
+    assert found == MirrorLedger(run="/r", files=(whole,)) and "the 1 whole entries" in caplog.text
+    (tmp_path / "m" / LEDGER).write_text("{not json")
+    assert read_ledger(Store(str(tmp_path / "m"))) is None and "is not JSON" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("runs/exp1", "must be an absolute path"),
+        ("s3:///no-bucket", "must be an absolute path"),
+        ("/project/a\nb", "control character"),
+    ],
+)
+def test_a_mirror_nobody_could_find_is_refused_with_the_fix(value: str, says: str) -> None:
+    from hpc_train.config import TrainerConfig
+
+    with pytest.raises(ConfigError, match=says) as caught:
+        TrainerConfig(mirror=value)
+    assert "trainer.mirror" in str(caught.value) and "HINT" in str(caught.value)
