@@ -28,16 +28,24 @@ def _checkpoint(rd: RunDir, step: int, size: int = 4096) -> MirroredFile:
     )
 
 
+@pytest.fixture
+def run(tmp_path: Path) -> tuple[RunDir, str]:
+    """A run dir with its status folder, and the mirror's path beside it."""
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    return rd, str(tmp_path / "mirror")
+
+
 def _mirror(rd: RunDir, url: str, held: list[MirroredFile], keep: int = 2, store: type[Store] = Store) -> Mirror:
     return Mirror(rd, url, keep, lambda: list(held), store)
 
 
-def test_each_sync_lands_the_newest_checkpoint_and_the_story_verified_and_keeps_as_many(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
+def test_each_sync_lands_the_newest_checkpoint_and_the_story_verified_and_keeps_as_many(
+    tmp_path: Path, run: tuple[RunDir, str]
+) -> None:
+    rd, url = run
     rd.config.write_text("trainer: {}\n")
     rd.metrics.write_text('{"step": 10}\n')
-    url = str(tmp_path / "mirror")
     held: list[MirroredFile] = []
     mirror = _mirror(rd, url, held)
     for step in (10, 20, 30):
@@ -61,11 +69,9 @@ def test_each_sync_lands_the_newest_checkpoint_and_the_story_verified_and_keeps_
 
 
 def test_a_file_that_no_longer_matches_its_ledger_or_reads_back_otherwise_is_never_named(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    run: tuple[RunDir, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
-    url = str(tmp_path / "mirror")
+    rd, url = run
     record = _checkpoint(rd, 10)
     (rd.checkpoints / "step_000000010.pt").write_bytes(b"bits flipped since the save")
     mirror = _mirror(rd, url, [record])
@@ -95,10 +101,8 @@ def test_a_file_that_no_longer_matches_its_ledger_or_reads_back_otherwise_is_nev
     assert [f.step for f in read_ledger(Store(url)).checkpoints()] == [20]  # type: ignore[union-attr]
 
 
-def test_pruning_deletes_only_what_the_mirrors_ledger_names(tmp_path: Path) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
-    url = str(tmp_path / "mirror")
+def test_pruning_deletes_only_what_the_mirrors_ledger_names(tmp_path: Path, run: tuple[RunDir, str]) -> None:
+    rd, url = run
     foreign = tmp_path / "mirror" / "checkpoints" / "step_000000001.pt"
     foreign.parent.mkdir(parents=True)
     foreign.write_bytes(b"someone else's file, in the same folder")
@@ -114,11 +118,9 @@ def test_pruning_deletes_only_what_the_mirrors_ledger_names(tmp_path: Path) -> N
 
 
 def test_the_way_back_takes_the_newest_whole_checkpoint_and_passes_over_a_damaged_one(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, run: tuple[RunDir, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    rd = RunDir(tmp_path / "run")
-    rd.status_dir.mkdir(parents=True)
-    url = str(tmp_path / "mirror")
+    rd, url = run
     held = [_checkpoint(rd, 10), _checkpoint(rd, 20)]
     mirror = _mirror(rd, url, [held[0]])
     mirror.sync()
