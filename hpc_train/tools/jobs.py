@@ -193,6 +193,17 @@ def straggler_lines(run_dir: RunDir, now: float) -> list[str]:
     return [f"{run_dir.path}: none now ({when}); the last: {who}, until step {last.step}"]
 
 
+def mirror_line(run_dir: RunDir, now: float) -> str:
+    """What the run's mirror holds, as rank 0 last said (``status/mirror.json``); '' for a run without one."""
+    state = run_dir.mirror_state()
+    if state is None:
+        return ""
+    holds = f"holds step {state.landed_step} verified" if state.landed else "holds no checkpoint yet"
+    took = f"; the copy took {state.seconds:.1f} s" if state.seconds is not None and not state.error else ""
+    failed = f"; the latest copy failed: {state.error}" if state.error else took
+    return f"{run_dir.path}: {state.store} {holds} ({now - state.time:.0f} s ago){failed}"
+
+
 def startup_maxima(run_dir: RunDir) -> dict[str, tuple[float, StartupProfile]]:
     """For each start-up phase (and hpc_train's own part, ``own``), its longest time and the rank it was on."""
     profiles = list(run_dir.startup_profiles().values())
@@ -235,6 +246,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     from hpc_train.tools.timeline import summary
 
     rows, failures, damaged, unreadable, timelines, heard, startups, slow = [], [], [], [], [], [], [], []
+    mirrors: list[str] = []
     records: list[dict[str, Any]] = []
     goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
     packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
@@ -267,6 +279,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
             heard += nodes_heard(rd, time.time())
             slow += straggler_lines(rd, time.time())
+            mirrors += [line for line in [mirror_line(rd, time.time())] if line]
             slowest = slowest_startup(rd)
             if slowest:
                 startups.append(f"{rd.path}: {slowest}")
@@ -292,6 +305,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                         p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in startup_maxima(rd).items()
                     },
                     "stragglers": next((r.to_json() for r in rd.straggler_reports()[-1:]), None),
+                    "mirror": next((m.to_json() for m in [rd.mirror_state()] if m is not None), None),
                 }
             )
     pack_ledgers = _pack_ledgers(packed, goodputs)
@@ -312,6 +326,9 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
         if slow:
             print("\nstragglers (own compute time per step against the median rank's, status/stragglers.json):")
             print("\n".join(f"  {line}" for line in slow))
+        if mirrors:
+            print("\nmirror (trainer.mirror, status/mirror.json):")
+            print("\n".join(f"  {line}" for line in mirrors))
         if startups:
             print("\nstart-up, the slowest rank of each phase (seconds):")
             print("\n".join(f"  {line}" for line in startups))
@@ -555,6 +572,13 @@ def main(argv: list[str] | None = None) -> int:
         "config.yaml.damaged)",
     )
     restore.add_argument("run_dir")
+    pull = sub.add_parser(
+        "pull",
+        help="bring a mirrored run (trainer.mirror) back to a file system: every file its ledger names, each "
+        "checked against it; a different file already there is kept as <name>.before-pull",
+    )
+    pull.add_argument("mirror", help="the mirror's path or URL, as trainer.mirror named it")
+    pull.add_argument("run_dir")
     args = parser.parse_args(argv)
     roots = args.search or [Path("outputs"), Path("multirun")]
     try:
@@ -566,6 +590,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_cancel([rd for t in args.targets for rd in resolve_target(t, roots)])
         if args.command == "restore-config":
             return cmd_restore_config(args.run_dir)
+        if args.command == "pull":
+            from hpc_train.tools.pull import cmd_pull
+
+            return cmd_pull(args.mirror, Path(args.run_dir))
         runs = resolve_target(args.target, roots)
         if len(runs) != 1:
             raise TargetError(f"{args.target} names {len(runs)} runs; logs shows one: pass one run dir or element id")

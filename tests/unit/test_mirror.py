@@ -166,3 +166,34 @@ def test_a_mirror_nobody_could_find_is_refused_with_the_fix(value: str, says: st
     with pytest.raises(ConfigError, match=says) as caught:
         TrainerConfig(mirror=value)
     assert "trainer.mirror" in str(caught.value) and "HINT" in str(caught.value)
+
+
+def test_pull_brings_a_mirrored_run_back_checked_and_keeps_what_was_there(
+    tmp_path: Path, run: tuple[RunDir, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_train.tools.jobs import main
+    from hpc_train.train.checkpoint import Checkpoints
+
+    rd, url = run
+    rd.config.write_text("trainer: {max_steps: 30}\n")
+    held = [_checkpoint(rd, 10), _checkpoint(rd, 20)]
+    mirror = _mirror(rd, url, held)
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    back = RunDir(tmp_path / "elsewhere")
+    back.path.mkdir()
+    back.config.write_text("trainer: {max_steps: 5}\n")  # someone's own file where the pulled one goes
+    assert main(["pull", url, str(back.path)]) == 0
+    assert "pulled 2 file(s)" in capsys.readouterr().out  # the config and the newest checkpoint (one sync)
+    assert back.config.read_text() == rd.config.read_text()
+    assert (back.path / "config.yaml.before-pull").read_text() == "trainer: {max_steps: 5}\n"
+    assert [(r.step, r.sha256) for r in Checkpoints(back).records()] == [(20, held[1].sha256)]
+
+    assert main(["pull", url, str(back.path)]) == 0  # again: everything there already
+    assert "pulled 0 file(s)" in capsys.readouterr().out
+    (tmp_path / "mirror" / held[1].name).write_bytes(b"damaged")
+    (back.path / held[1].name).unlink()
+    assert main(["pull", url, str(back.path)]) == 1
+    assert "damaged in the mirror: checkpoints/step_000000020.pt" in capsys.readouterr().err
+    assert not (back.path / held[1].name).exists()
+    assert main(["pull", str(tmp_path / "nothing"), str(back.path)]) == 2

@@ -1,0 +1,80 @@
+"""``python -m hpc_train.jobs pull MIRROR RUN_DIR``: a mirrored run (``trainer.mirror``) back on a file system.
+
+Every file the mirror's ledger names is downloaded beside its place, checked against the ledger's SHA-256 and
+size, and only then moved into place; a file that does not match is left out, with a warning, and the pull ends
+with status 1. A file already in the run dir with other bytes is kept as ``<name>.before-pull``: nothing there is
+lost. The checkpoints pulled are named in the run dir's checkpoint ledger, so a launch with the same run dir
+resumes from the newest of them, and verifies it again as it loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from hpc_train.core.rundir import RunDir
+from hpc_train.mirror import Store, read_ledger
+from hpc_train.mirror.store import describe_error
+
+__all__ = ["cmd_pull"]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cmd_pull(mirror: str, run_dir: Path) -> int:
+    from hpc_train.train.checkpoint import Checkpoints
+
+    try:
+        store = Store(mirror)
+        ledger = read_ledger(store)
+    except Exception as exc:  # noqa: BLE001 - the store's library: unreachable, no credentials, unknown scheme
+        print(f"hpc_train.jobs: mirror {mirror} could not be read: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    if ledger is None or not ledger.files:
+        print(f"hpc_train.jobs: {mirror} holds no mirrored run (no {store.path('mirror.json')})", file=sys.stderr)
+        return 2
+    rd = RunDir(run_dir)
+    rd.status_dir.mkdir(parents=True, exist_ok=True)
+    pulled, same, damaged = 0, 0, []
+    for record in ledger.files:
+        dest = rd.path / record.name
+        if dest.is_file() and dest.stat().st_size == record.size and _sha256(dest) == record.sha256:
+            same += 1
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.pull")
+        try:
+            got = store.download(record.name, tmp)
+        except Exception as exc:  # noqa: BLE001 - gone or unreadable in the store
+            tmp.unlink(missing_ok=True)
+            damaged.append(f"{record.name}: {describe_error(exc)}")
+            continue
+        if got != (record.sha256, record.size):
+            tmp.unlink(missing_ok=True)
+            damaged.append(f"{record.name}: {got[1]} bytes with SHA-256 {got[0][:12]}..., not as its ledger says")
+            continue
+        if dest.exists():
+            os.replace(dest, dest.with_name(f"{dest.name}.before-pull"))
+        os.replace(tmp, dest)
+        pulled += 1
+    checkpoints = Checkpoints(rd)
+    for record in ledger.checkpoints():
+        path = rd.path / record.name
+        if path.is_file() and record.step is not None:
+            checkpoints.adopt_copy(path, record.step, record.sha256, record.size)
+    newest = [r for r in ledger.checkpoints() if (rd.path / r.name).is_file()]
+    print(
+        f"hpc_train.jobs: pulled {pulled} file(s) from {mirror} into {rd.path} ({same} there already)"
+        + (f"; it resumes from step {newest[-1].step}" if newest else "; no checkpoint")
+    )
+    for line in damaged:
+        print(f"hpc_train.jobs: WARNING: not pulled, damaged in the mirror: {line}", file=sys.stderr)
+    return 1 if damaged else 0
