@@ -35,7 +35,7 @@ from typing import Any
 
 from hpc_train.core.records import MirroredFile, MirrorLedger, MirrorStatus
 from hpc_train.core.rundir import RunDir
-from hpc_train.mirror.store import Store, describe_error
+from hpc_train.mirror.store import Store, describe_error, file_sha256
 
 __all__ = ["LEDGER", "STORY", "Mirror", "MirrorError", "read_ledger", "restore_newest"]
 
@@ -88,15 +88,6 @@ def read_ledger(store: Store) -> MirrorLedger | None:
         len(whole),
     )
     return MirrorLedger(run=run, files=whole)
-
-
-def _sha256(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 class Mirror:
@@ -230,7 +221,7 @@ class Mirror:
                 ledger = self._land(store, ledger, self.run_dir.path / newest.name, newest)
         final = self.run_dir.model_final
         if final.is_file():
-            sha, size = _sha256(final)
+            sha, size = file_sha256(final)
             held = ledger.named(final.name)
             if held is None or held.sha256 != sha:
                 expected = MirroredFile(name=final.name, sha256=sha, size=size, time=time.time())

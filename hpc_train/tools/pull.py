@@ -9,24 +9,15 @@ resumes from the newest of them, and verifies it again as it loads it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror import Store, read_ledger
-from hpc_train.mirror.store import describe_error
+from hpc_train.mirror.store import describe_error, file_sha256
 
 __all__ = ["cmd_pull"]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(8 * 1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def cmd_pull(mirror: str, run_dir: Path) -> int:
@@ -46,7 +37,7 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
     pulled, same, damaged = 0, 0, []
     for record in ledger.files:
         dest = rd.path / record.name
-        if dest.is_file() and dest.stat().st_size == record.size and _sha256(dest) == record.sha256:
+        if dest.is_file() and dest.stat().st_size == record.size and file_sha256(dest)[0] == record.sha256:
             same += 1
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
