@@ -99,6 +99,7 @@ RESUME_SAFE_KEYS = (
     "trainer.init_from",  # read only when the run dir has no checkpoint of its own
     "trainer.mirror",  # a mirror added later gets the run from its next checkpoint on
     "trainer.mirror_wait_s",
+    "trainer.mirror_hook",
     # A tracker added or changed later gets the run from then on (the run dir keeps one run per tracker store).
     "tracking.mlflow.uri",
     "tracking.mlflow.experiment",

@@ -21,6 +21,8 @@ from hpc_train.config.checks import (
 
 MIRROR_URL = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s]")
 """A store's URL: a scheme, then the bucket or host (``s3://bucket/prefix``)."""
+HOOK = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+"""``module.function``: what trainer.mirror_hook names."""
 
 __all__ = [
     "DEVICES",
@@ -272,6 +274,12 @@ class TrainerConfig(Checked):
     and the status ledgers there in the background, checks each copy by reading it back, and keeps as many
     checkpoints as ``keep_checkpoints``. A run dir whose checkpoints are gone resumes from it
     (``hpc_train.mirror``)."""
+    mirror_hook: str = ""
+    """Your own copy function, ``module.function``, for a store fsspec does not know (as DeepLIIF's
+    ``--remote-transfer-cmd``): rank 0 calls it in the background with the path of each file in the run dir once
+    it is verified (each checkpoint, the final weights, config.yaml, metrics.jsonl, ...: what ``mirror`` copies,
+    and after the copy when ``mirror`` is set too), again only once the file changed. A failure is a warning and
+    the file is offered again at the next checkpoint."""
     mirror_wait_s: float = 60.0
     """How long a stop (preemption, time limit, end of training) waits for the copy in flight to land."""
     compile: bool = False
@@ -323,6 +331,12 @@ class TrainerConfig(Checked):
         self._bounded("profile_steps", 0, INT64_MAX, 5, why="2**63-1; 0 is off")
         self._bounded("mirror_wait_s", 0.0, YEAR_S, 60, why="365 days")
         self._check_mirror()
+        self._require(
+            isinstance(self.mirror_hook, str) and (not self.mirror_hook or bool(HOOK.match(self.mirror_hook))),
+            "mirror_hook",
+            "must name a function as module.function (dots, letters, digits and underscores only)",
+            "e.g. trainer.mirror_hook=mylab.storage.copy_out",
+        )
         if self.early_stopping.monitor == "val_metric":
             self._require(
                 self.metric is not None,

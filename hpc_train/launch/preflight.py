@@ -13,6 +13,7 @@ not depend on its script's executable still being on PATH).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import shutil
@@ -50,6 +51,7 @@ def preflight(cfg: Config) -> Config:
     check_targets(cfg)
     check_init_from(cfg)
     check_trackers(cfg)
+    check_mirror(cfg)
     return cfg
 
 
@@ -66,6 +68,36 @@ def check_trackers(cfg: Config) -> None:
             f"the {extra} package is not installed in this environment ({sys.executable})",
             f"pip install 'hpc-train[{extra}]' into the environment the job runs in, or remove {key}",
         )
+
+
+def check_mirror(cfg: Config) -> None:
+    """trainer.mirror's store has its fsspec implementation here (s3:// needs s3fs, the s3 extra), and
+    trainer.mirror_hook's module can be found (imported by rank 0 only, at its start)."""
+    tc = cfg.trainer
+    if tc.mirror:
+        import fsspec
+
+        protocol = fsspec.utils.get_protocol(tc.mirror)
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as exc:
+            extra = "pip install 'hpc-train[s3]'" if protocol in ("s3", "s3a") else "install fsspec's package for it"
+            raise invalid(
+                "trainer.mirror", tc.mirror, f"fsspec cannot reach {protocol}:// here ({exc})", f"{extra}, or a path"
+            ) from None
+    if tc.mirror_hook:
+        module = tc.mirror_hook.rpartition(".")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise invalid(
+                "trainer.mirror_hook",
+                tc.mirror_hook,
+                f"no module {module} in this environment ({sys.executable})",
+                "install it, or put its folder on PYTHONPATH (rank 0 imports it)",
+            )
 
 
 def check_paths(cfg: Config) -> Config:

@@ -102,9 +102,16 @@ class Mirror:
         keep: int,
         checkpoints: Callable[[], Sequence[MirroredFile]],
         store: Callable[[str], Store] = Store,
+        hook: Callable[[Path], object] | None = None,
+        hook_name: str = "",
     ) -> None:
         self.run_dir, self.url, self.keep = run_dir, url, max(keep, 1)
         self._checkpoints, self._open_store = checkpoints, store
+        self._hook, self._hook_name = hook, hook_name
+        self.where = url or f"trainer.mirror_hook={hook_name}"
+        """The store in words: its URL, or the user's function."""
+        self._hooked: dict[str, str] = {}
+        """The SHA-256 of each file the hook took (a file is given to it again only once it changed)."""
         self._store: Store | None = None
         self._cond = threading.Condition()
         self._wanted = False
@@ -155,17 +162,17 @@ class Mirror:
         if not landed:
             log.warning(
                 "hpc_train: mirror %s: the copy after %s did not land within %.0f s (trainer.mirror_wait_s); %s",
-                self.url,
+                self.where,
                 why,
                 timeout,
                 holds,
             )
         elif self.error:
-            log.warning("hpc_train: mirror %s: the copy after %s failed (%s); %s", self.url, why, self.error, holds)
+            log.warning("hpc_train: mirror %s: the copy after %s failed (%s); %s", self.where, why, self.error, holds)
         else:
             log.info(
                 "hpc_train: mirror %s: the copy after %s landed, verified, %.1f s later; %s",
-                self.url,
+                self.where,
                 why,
                 time.monotonic() - started,
                 holds,
@@ -196,7 +203,7 @@ class Mirror:
                 error = ""
             except Exception as exc:  # noqa: BLE001 - whatever the store raised: a warning, and the next sync
                 error = describe_error(exc)
-                log.warning("hpc_train: mirror %s: the copy failed, the next one tries again: %s", self.url, error)
+                log.warning("hpc_train: mirror %s: the copy failed, the next one tries again: %s", self.where, error)
             self._record(error, time.monotonic() - started)
             with self._cond:
                 self.error, self._busy = error, False
@@ -204,6 +211,9 @@ class Mirror:
                 self._cond.notify_all()
 
     def _sync_once(self) -> None:
+        if not self.url:  # trainer.mirror_hook alone: the user's function is the store
+            self._hook_files(self._verified_here())
+            return
         if self._store is None:
             self._store = self._open_store(self.url)
         store = self._store
@@ -228,6 +238,44 @@ class Mirror:
                 ledger = self._land(store, ledger, final, expected)
         ledger = self._story(store, ledger)
         self._ledger = self._prune(store, ledger)
+        self._hook_files(self._ledger.files)
+
+    def _verified_here(self) -> list[MirroredFile]:
+        """Without a store: the newest checkpoint when its file still matches its ledger, the final weights and
+        the story files, as they are now."""
+        found = []
+        checkpoints = list(self._checkpoints())
+        if checkpoints:
+            newest = checkpoints[-1]
+            path = self.run_dir.path / newest.name
+            if path.is_file() and file_sha256(path) == (newest.sha256, newest.size):
+                found.append(newest)
+            elif path.is_file():
+                raise MirrorError(f"{path} no longer matches its ledger: not given to {self._hook_name}")
+        for name in (self.run_dir.model_final.name, *STORY):
+            path = self.run_dir.path / name
+            if path.is_file():
+                sha, size = file_sha256(path)
+                found.append(MirroredFile(name=name, sha256=sha, size=size, time=time.time()))
+        return found
+
+    def _hook_files(self, files: Sequence[MirroredFile]) -> None:
+        """trainer.mirror_hook with each verified file it has not taken yet as it is; a failure is a warning,
+        and the file is offered again at the next sync."""
+        if self._hook is None:
+            return
+        for entry in files:
+            path = self.run_dir.path / entry.name
+            if self._hooked.get(entry.name) == entry.sha256 or not path.is_file():
+                continue
+            try:
+                self._hook(path)
+            except Exception as exc:  # noqa: BLE001 - the user's function: a warning, and the next sync
+                log.warning(
+                    "hpc_train: trainer.mirror_hook=%s failed on %s: %s", self._hook_name, path, describe_error(exc)
+                )
+                continue
+            self._hooked[entry.name] = entry.sha256
 
     def _land(self, store: Store, ledger: MirrorLedger, source: Path, expected: MirroredFile) -> MirrorLedger:
         """Copy ``source``, read it back, and name it in the ledger when both match ``expected``. A file the
@@ -300,7 +348,7 @@ class Mirror:
     def _record(self, error: str, seconds: float) -> None:
         newest = self.newest()
         status = MirrorStatus(
-            store=self.url,
+            store=self.where,
             time=time.time(),
             landed=newest.name if newest is not None else "",
             landed_step=newest.step if newest is not None else None,

@@ -4,7 +4,13 @@ copy), and a bounded wait at the attempt's end."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
 from hpc_train.config import Config
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.records import MirroredFile
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import at_step
@@ -13,18 +19,34 @@ from hpc_train.runtime.outcome import Fit
 from hpc_train.train.checkpoint import Checkpoints
 from hpc_train.train.hooks import StepObserver
 
-__all__ = ["FAILURE_WAIT_S", "MirrorCopies", "close_mirror", "open_mirror"]
+__all__ = ["FAILURE_WAIT_S", "MirrorCopies", "close_mirror", "open_mirror", "resolve_hook"]
 
 FAILURE_WAIT_S = 10.0
 """After a failure, the copy in flight gets at most this long (or trainer.mirror_wait_s, if shorter): the restart
 must not wait long for it."""
 
 
+def resolve_hook(name: str) -> Callable[[Path], object]:
+    """The function trainer.mirror_hook names; ConfigError, with the fix, when it cannot be found."""
+    module, _, function = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"trainer.mirror_hook={name!r} is invalid: {exc}. HINT: name a function of a module rank 0 can import "
+            "(installed, or on PYTHONPATH), e.g. trainer.mirror_hook=mylab.storage.copy_out"
+        ) from None
+    if not callable(found):
+        raise ConfigError(f"trainer.mirror_hook={name!r} is invalid: {function} is not a function. HINT: name one")
+    return cast(Callable[[Path], object], found)
+
+
 def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
-    """The run's mirror, on rank 0 (None when trainer.mirror is off)."""
+    """The run's mirror, on rank 0 (None when trainer.mirror and trainer.mirror_hook are off)."""
     tc = cfg.trainer
-    if not tc.mirror:
+    if not tc.mirror and not tc.mirror_hook:
         return None
+    hook = resolve_hook(tc.mirror_hook) if tc.mirror_hook else None
 
     def checkpoints() -> list[MirroredFile]:
         return [
@@ -32,7 +54,7 @@ def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
             for r in Checkpoints(rd).records()
         ]
 
-    return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints)
+    return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints, hook=hook, hook_name=tc.mirror_hook)
 
 
 def close_mirror(mirror: Mirror, cfg: Config, fit: Fit | None) -> bool:

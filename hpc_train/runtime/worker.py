@@ -121,7 +121,7 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         return _ended(rd, env, cfg, job, fit)
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
     mirror = None
-    if env.is_main and cfg.trainer.mirror:
+    if env.is_main and (cfg.trainer.mirror or cfg.trainer.mirror_hook):
         from hpc_train.runtime.mirroring import close_mirror, open_mirror
 
         mirror = open_mirror(rd, cfg)

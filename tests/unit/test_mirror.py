@@ -197,3 +197,48 @@ def test_pull_brings_a_mirrored_run_back_checked_and_keeps_what_was_there(
     assert "damaged in the mirror: checkpoints/step_000000020.pt" in capsys.readouterr().err
     assert not (back.path / held[1].name).exists()
     assert main(["pull", str(tmp_path / "nothing"), str(back.path)]) == 2
+
+
+def test_the_hook_gets_each_verified_file_once_as_it_is_and_a_failure_again(
+    run: tuple[RunDir, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    rd, url = run
+    rd.config.write_text("trainer: {}\n")
+    given: list[str] = []
+    failing = {"config.yaml"}
+
+    def hook(path: Path) -> None:
+        if path.name in failing:
+            raise OSError(f"the tape robot is busy with {path.name}")
+        given.append(str(path.relative_to(rd.path)))
+
+    held: list[MirroredFile] = []
+    for where in ("", url):  # the hook alone (no store), then after each copy to the store
+        given.clear()
+        held[:] = [_checkpoint(rd, 10)]
+        mirror = Mirror(rd, where, 2, lambda: list(held), hook=hook, hook_name="lab.copy_out")
+        with caplog.at_level(logging.WARNING, logger="hpc_train"):
+            mirror.sync()
+            assert mirror.wait(30) and mirror.error == ""
+        assert given == ["checkpoints/step_000000010.pt"]
+        assert "trainer.mirror_hook=lab.copy_out failed on" in caplog.text and "tape robot" in caplog.text
+        failing.clear()
+        held.append(_checkpoint(rd, 20))
+        mirror.sync()
+        assert mirror.wait(30)
+        assert sorted(given) == ["checkpoints/step_000000010.pt", "checkpoints/step_000000020.pt", "config.yaml"]
+        failing.add("config.yaml")
+    (rd.checkpoints / "step_000000020.pt").write_bytes(b"changed since its save")
+    mirror = Mirror(rd, "", 2, lambda: list(held), hook=hook, hook_name="lab.copy_out")
+    given.clear()
+    mirror.sync()
+    assert mirror.wait(30) and "no longer matches its ledger" in mirror.error and given == []
+
+
+def test_a_hook_that_cannot_be_found_is_refused_with_the_fix() -> None:
+    from hpc_train.runtime.mirroring import resolve_hook
+
+    assert resolve_hook("os.path.basename")(Path("/a/b")) == "b"
+    for name in ("os.path.no_such_function", "no_such_module_here.fn", "os.sep"):
+        with pytest.raises(ConfigError, match=r"trainer.mirror_hook=.*HINT"):
+            resolve_hook(name)
