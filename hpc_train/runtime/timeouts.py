@@ -206,6 +206,8 @@ class Timeouts:
     grace_s: float
     grace_key: str
     kill_wait_s: int | None = None
+    mirror_wait_s: float | None = None
+    """How long a stop waits for the last copy to trainer.mirror (None: no mirror)."""
 
     def lines(self) -> list[str]:
         """The hierarchy in one block."""
@@ -220,6 +222,13 @@ class Timeouts:
             )
         writes = "in the background" if self.checkpoint_async else "synchronous"
         rows.append(("step, checkpoint", f"{self.found.describe()}; checkpoints {writes}"))
+        if self.mirror_wait_s is not None:
+            rows.append(
+                (
+                    "mirror",
+                    f"a stop waits {_seconds(self.mirror_wait_s)} at most for the last copy (trainer.mirror_wait_s)",
+                )
+            )
         rows.append(("watchdog", f"{_seconds(self.watchdog_s)} (trainer.watchdog_s)" if self.watchdog_s else "off"))
         rows.append(("process group", f"{_seconds(self.dist_timeout_s)} (trainer.dist_timeout_s)"))
         rows.append(("node status", f"every {_seconds(self.status_every_s)} (cluster.status_every_s)"))
@@ -255,6 +264,13 @@ class Timeouts:
                 f"checkpoint measured ({_seconds(slowest)}): the other ranks wait for rank 0's write in a "
                 f"collective, which may time out. HINT: trainer.dist_timeout_s="
                 f"{math.ceil(WATCHDOG_FACTOR * slowest)} or more, or trainer.checkpoint_async=true"
+            )
+        if self.lead is not None and self.mirror_wait_s is not None and self.mirror_wait_s >= self.lead.seconds:
+            out.append(
+                f"trainer.mirror_wait_s={self.mirror_wait_s:g} is not shorter than the stop signal's lead "
+                f"({self.lead.seconds} s): at the time limit, Slurm may end the job while it waits for the mirror's "
+                "last copy (the checkpoint is safe in the run dir; the mirror then holds the one before). HINT: "
+                f"trainer.mirror_wait_s={max(1, self.lead.seconds // 3)}, or a longer cluster.slurm.signal_lead_s"
             )
         if self.watchdog_s and self.watchdog_s >= self.time_limit_s:
             out.append(
@@ -293,6 +309,7 @@ def timeouts(cfg: Config, found: Measured, kill_wait: int | None = None, lead: L
         grace_s=cluster.slurm.srun_wait_s if slurm else cluster.failure_grace_s,
         grace_key="cluster.slurm.srun_wait_s" if slurm else "cluster.failure_grace_s",
         kill_wait_s=kill_wait,
+        mirror_wait_s=trainer.mirror_wait_s if trainer.mirror or trainer.mirror_hook else None,
     )
 
 

@@ -215,3 +215,18 @@ def test_with_auto_the_supervisor_stops_the_step_its_lead_before_the_jobs_end(
     assert time.monotonic() - began < 20  # ...about 2 s in, not after the fake's 30 s
     (attempt,) = rd.attempt_records()
     assert attempt.outcome.value == "stopped"
+
+
+def test_the_mirrors_wait_at_a_stop_is_in_the_block_and_warned_when_it_outlasts_the_lead(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "run")
+    rd.status_dir.mkdir(parents=True)
+    plain = timeouts(compose_config(*SLURM), measured(rd))
+    assert not any("mirror" in line for line in plain.lines()) and not plain.warnings()
+    fits = timeouts(compose_config(*SLURM, "trainer.mirror=/project/m", "trainer.mirror_wait_s=30"), measured(rd))
+    assert any("a stop waits 30 s at most for the last copy (trainer.mirror_wait_s)" in line for line in fits.lines())
+    assert not fits.warnings()
+    (long,) = timeouts(
+        compose_config(*SLURM, "trainer.mirror=s3://b/m", "trainer.mirror_wait_s=120"), measured(rd)
+    ).warnings()
+    assert "trainer.mirror_wait_s=120 is not shorter than the stop signal's lead (90 s)" in long
+    assert "HINT: trainer.mirror_wait_s=30" in long
