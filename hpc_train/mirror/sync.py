@@ -389,6 +389,8 @@ def restore_newest(store: Store, checkpoints: Path, ledger: MirrorLedger | None 
                 record.sha256[:12],
             )
             continue
+        if dest.exists() or dest.is_symlink():  # a file the run's ledger does not name: kept, never overwritten
+            os.replace(dest, dest.with_name(f"{dest.name}.before-mirror"))
         os.replace(tmp, dest)
         return record
     return None

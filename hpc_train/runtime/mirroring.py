@@ -16,6 +16,7 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import at_step
 from hpc_train.mirror import Mirror
 from hpc_train.runtime.outcome import Fit
+from hpc_train.runtime.timeouts import mirror_wait_s
 from hpc_train.train.checkpoint import Checkpoints
 from hpc_train.train.hooks import StepObserver
 
@@ -57,10 +58,10 @@ def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
     return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints, hook=hook, hook_name=tc.mirror_hook)
 
 
-def close_mirror(mirror: Mirror, cfg: Config, fit: Fit | None) -> bool:
-    """The attempt's end (``fit``; None: it failed): a last copy, waited for trainer.mirror_wait_s at most
+def close_mirror(mirror: Mirror, cfg: Config, fit: Fit | None, world_size: int = 1) -> bool:
+    """The attempt's end (``fit``; None: it failed): a last copy, waited for ``mirror_wait_s`` at most
     (FAILURE_WAIT_S after a failure). Whether it landed."""
-    wait = cfg.trainer.mirror_wait_s
+    wait = mirror_wait_s(cfg, world_size)
     if fit is None:
         return mirror.close(min(wait, FAILURE_WAIT_S), "the failure")
     return mirror.close(wait, "the end of training" if fit.completed else f"the stop {at_step(fit.step)}")

@@ -309,8 +309,27 @@ def timeouts(cfg: Config, found: Measured, kill_wait: int | None = None, lead: L
         grace_s=cluster.slurm.srun_wait_s if slurm else cluster.failure_grace_s,
         grace_key="cluster.slurm.srun_wait_s" if slurm else "cluster.failure_grace_s",
         kill_wait_s=kill_wait,
-        mirror_wait_s=trainer.mirror_wait_s if trainer.mirror or trainer.mirror_hook else None,
+        mirror_wait_s=(
+            mirror_wait_s(cfg, cluster.nodes * cluster.tasks_per_node)
+            if trainer.mirror or trainer.mirror_hook
+            else None
+        ),
     )
+
+
+SRUN_MARGIN_S = 15.0
+"""On Slurm with other ranks, rank 0's wait for the mirror ends this long before srun's grace would kill it (the
+other ranks end at once, and srun gives the last one cluster.slurm.srun_wait_s): the requeue after the wait must
+still run."""
+
+
+def mirror_wait_s(cfg: Config, world_size: int) -> float:
+    """How long rank 0 waits for the mirror's last copy at a stop: trainer.mirror_wait_s, within srun's grace on
+    Slurm when other ranks run."""
+    wait = cfg.trainer.mirror_wait_s
+    if cfg.cluster.launcher == "slurm" and world_size > 1:
+        wait = min(wait, max(cfg.cluster.slurm.srun_wait_s - SRUN_MARGIN_S, 0.0))
+    return wait
 
 
 def _seconds(value: float) -> str:

@@ -129,12 +129,12 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         fit = _train(rd, env, cfg, job, startup, trackers, mirror)
     except BaseException:
         if mirror is not None:
-            close_mirror(mirror, cfg, None)
+            close_mirror(mirror, cfg, None, env.world_size)
         if trackers is not None:
             trackers.close("failed")
         raise
     if mirror is not None:  # before the requeue: the stop's checkpoint is the one a purged run dir comes back from
-        close_mirror(mirror, cfg, fit)
+        close_mirror(mirror, cfg, fit, env.world_size)
     try:
         return _ended(rd, env, cfg, job, fit)  # the requeue first: the trackers' last rows must not delay it
     finally:
