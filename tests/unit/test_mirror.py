@@ -131,10 +131,14 @@ def test_the_way_back_takes_the_newest_whole_checkpoint_and_passes_over_a_damage
     damaged = tmp_path / "mirror" / held[1].name
     damaged.write_bytes(damaged.read_bytes()[:-1] + b"X")
     back = tmp_path / "back" / "checkpoints"
+    back.mkdir(parents=True)
+    (back / "step_000000010.pt").write_bytes(b"a file the run's ledger does not name")
     with caplog.at_level(logging.WARNING, logger="hpc_train"):
         found = restore_newest(Store(url), back)
     assert found is not None and found.step == 10 and "is damaged" in caplog.text
-    assert sorted(p.name for p in back.iterdir()) == ["step_000000010.pt"]  # no temp file, nothing damaged
+    # No temp file, nothing damaged, and the file that was there kept.
+    assert sorted(p.name for p in back.iterdir()) == ["step_000000010.pt", "step_000000010.pt.before-mirror"]
+    assert (back / "step_000000010.pt.before-mirror").read_bytes() == b"a file the run's ledger does not name"
     assert hashlib.sha256((back / "step_000000010.pt").read_bytes()).hexdigest() == held[0].sha256
     assert restore_newest(Store(str(tmp_path / "empty")), tmp_path / "none") is None
 
