@@ -425,7 +425,10 @@ def script_stragglers(rd: RunDir, env: DistEnv, cfg: Config) -> Iterator[None]:
     def watch() -> None:
         while not ended.wait(sc.window_s):
             try:
-                report = judge_from_summaries(rd.node_summaries(), judge, time.time(), sc.window_s)
+                # A figure reaches status/ with its node's summary, every cluster.status_every_s: "fresh" is two
+                # windows or two summaries, whichever is longer (else a short window would judge none).
+                fresh = max(sc.window_s, cfg.cluster.status_every_s)
+                report = judge_from_summaries(rd.node_summaries(), judge, time.time(), fresh)
                 if report is not None:
                     verdicts.on_stragglers(report)
                     if rd.node is not None:  # for the trackers of rank 0's script (the integrations' callbacks)

@@ -126,7 +126,8 @@ def judge_from_summaries(
     summaries: Sequence[NodeSummary], judge: Any, now: float, window_s: float, step: int | None = None
 ) -> StragglerReport | None:
     """Rank 0's worker, every window: the verdict of ``judge`` (a ``StragglerJudge``) over each rank's newest
-    figure no older than two windows, with its node's host; None when no figure is newer than the last judged."""
+    figure no older than two ``window_s`` (the caller's window, or the summaries' period when that is longer),
+    with its node's host; None when no figure is newer than the last judged."""
     from hpc_train.distributed.stragglers import RankWindow
 
     newest: dict[int, tuple[RankCompute, str]] = {}

@@ -95,12 +95,15 @@ def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Basel
 
 
 def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
-    """USR2 to element 1 of a 2-element sweep: only it restarts (`scontrol requeue A_1`); both complete."""
+    """USR2 to element 1 of a 2-element sweep: only it restarts (`scontrol requeue A_1`); both complete. On one
+    node each, 120 steps take about a second (8,000 samples/s), less than a loaded machine takes to see step 20
+    and send the signal (CI: the element completed first): 1,000 steps here."""
     proc = cli(
         "hpc_train",
         "-m",
-        *[a for a in JOB if not a.startswith("cluster.nodes")],
+        *[a for a in JOB if not a.startswith(("cluster.nodes", "trainer.max_steps"))],
         "cluster.nodes=1",
+        "trainer.max_steps=1000",
         "trainer.lr=1e-3,2e-3",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         cwd=tmp_path,
@@ -116,7 +119,7 @@ def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
     assert read_json(element.status_path(0))["restart"] == 1
     assert (element.path / "model_final.pt").is_file() and (tmp_path / "sweep" / "0" / "model_final.pt").is_file()
     assert read_json(RunDir(tmp_path / "sweep" / "0").status_path(0))["restart"] == 0
-    assert read_json(element.status_path(0))["step"] == 120
+    assert read_json(element.status_path(0))["step"] == 1000
 
 
 def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
