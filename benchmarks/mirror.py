@@ -6,7 +6,7 @@
 
 ``python -m hpc_train`` on the local launcher trains an MLP of ``layers`` hidden layers of ``width`` (784 inputs;
 2048 x 3 makes a 71 MB checkpoint with AdamW) for ``steps`` steps with a checkpoint every ``every`` steps,
-``repeats`` times each way, alternating: without a mirror, and with ``--url`` as the mirror (cleared before each
+after one warm-up run that is not counted, ``repeats`` times each way, alternating: without a mirror, and with ``--url`` as the mirror (cleared before each
 run). Prints each run's time from launch to exit, the median of each way and the difference, and from rank 0's
 log how long the end of training waited for the last copy and how long the copies took (``status/mirror.json``
 keeps the last one's). Run it against the store your runs would use: the copies share the CPU and the network
@@ -73,6 +73,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
     times: dict[str, list[float]] = {"none": [], "mirror": []}
+    warm = Path(tempfile.mkdtemp(prefix="mirror-bench-warm-", dir=args.dir))
+    try:  # the first launch reads every module from disk: not counted
+        print(f"warm-up: {_run(warm, args, '')[0]:.1f} s (not counted)", flush=True)
+    finally:
+        shutil.rmtree(warm, ignore_errors=True)
     for repeat in range(args.repeats):
         for way in ("none", "mirror") if repeat % 2 == 0 else ("mirror", "none"):
             folder = Path(tempfile.mkdtemp(prefix=f"mirror-bench-{way}-", dir=args.dir))
