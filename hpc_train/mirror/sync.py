@@ -104,10 +104,13 @@ class Mirror:
         store: Callable[[str], Store] = Store,
         hook: Callable[[Path], object] | None = None,
         hook_name: str = "",
+        outputs: Callable[[], Sequence[str]] = lambda: (),
     ) -> None:
         self.run_dir, self.url, self.keep = run_dir, url, max(keep, 1)
         self._checkpoints, self._open_store = checkpoints, store
         self._hook, self._hook_name = hook, hook_name
+        self._outputs = outputs
+        """Other files of the run dir to copy when they changed (a user's script's own outputs), by path in it."""
         self.where = url or f"trainer.mirror_hook={hook_name}"
         """The store in words: its URL, or the user's function."""
         self._hooked: dict[str, str] = {}
@@ -237,6 +240,16 @@ class Mirror:
                 expected = MirroredFile(name=final.name, sha256=sha, size=size, time=time.time())
                 ledger = self._land(store, ledger, final, expected)
         ledger = self._story(store, ledger)
+        for name in self._outputs():
+            path = self.run_dir.path / name
+            if not path.is_file():
+                continue
+            sha, size = file_sha256(path)
+            held = ledger.named(name)
+            if held is None or held.sha256 != sha:
+                ledger = self._land(
+                    store, ledger, path, MirroredFile(name=name, sha256=sha, size=size, time=time.time())
+                )
         self._ledger = self._prune(store, ledger)
         self._hook_files(self._ledger.files)
 
@@ -287,8 +300,8 @@ class Mirror:
         sent = store.upload(source, expected.name)
         if sent != (expected.sha256, expected.size):
             raise MirrorError(
-                f"{source} no longer matches its ledger ({sent[1]} bytes, SHA-256 {sent[0][:12]}...; the ledger says "
-                f"{expected.size} bytes, {expected.sha256[:12]}...): not mirrored"
+                f"{source} no longer matches its ledger, or changed while it was copied ({sent[1]} bytes, SHA-256 "
+                f"{sent[0][:12]}...; expected {expected.size} bytes, {expected.sha256[:12]}...): not mirrored"
             )
         back = store.digest(expected.name)
         if back != sent:

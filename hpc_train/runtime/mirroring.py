@@ -15,12 +15,13 @@ from hpc_train.core.records import MirroredFile
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import at_step
 from hpc_train.mirror import Mirror
+from hpc_train.mirror.sync import STORY
 from hpc_train.runtime.outcome import Fit
 from hpc_train.runtime.timeouts import mirror_wait_s
 from hpc_train.train.checkpoint import Checkpoints
 from hpc_train.train.hooks import StepObserver
 
-__all__ = ["FAILURE_WAIT_S", "MirrorCopies", "close_mirror", "open_mirror", "resolve_hook"]
+__all__ = ["FAILURE_WAIT_S", "MirrorCopies", "close_mirror", "open_mirror", "resolve_hook", "script_outputs"]
 
 FAILURE_WAIT_S = 10.0
 """After a failure, the copy in flight gets at most this long (or trainer.mirror_wait_s, if shorter): the restart
@@ -42,8 +43,27 @@ def resolve_hook(name: str) -> Callable[[Path], object]:
     return cast(Callable[[Path], object], found)
 
 
+NOT_OUTPUTS = frozenset({"logs", "status", "submitit", "wandb", "checkpoints"})
+"""Folders of the run dir that are not a script's outputs: hpc_train's own records (copied as the run's story),
+the ranks' logs, submitit's, and W&B's own files (``wandb sync`` uploads those)."""
+
+
+def script_outputs(rd: RunDir) -> list[str]:
+    """What a user's script wrote into the run dir, by path in it (hidden and temporary files left out): the part
+    of its work that hpc_train can see and mirror."""
+    found = []
+    for path in sorted(rd.path.rglob("*")):
+        parts = path.relative_to(rd.path).parts
+        if parts[0] in NOT_OUTPUTS or any(p.startswith(".") for p in parts) or path.suffix in (".tmp", ".partial"):
+            continue
+        if path.is_file() and not path.is_symlink() and "/".join(parts) not in STORY:
+            found.append("/".join(parts))
+    return found
+
+
 def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
-    """The run's mirror, on rank 0 (None when trainer.mirror and trainer.mirror_hook are off)."""
+    """The run's mirror, on rank 0 (None when trainer.mirror and trainer.mirror_hook are off). For a user's script,
+    it copies what the script wrote into the run dir (``script_outputs``) too."""
     tc = cfg.trainer
     if not tc.mirror and not tc.mirror_hook:
         return None
@@ -55,7 +75,8 @@ def open_mirror(rd: RunDir, cfg: Config) -> Mirror | None:
             for r in Checkpoints(rd).records()
         ]
 
-    return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints, hook=hook, hook_name=tc.mirror_hook)
+    outputs = (lambda: script_outputs(rd)) if cfg.script.enabled else (lambda: ())
+    return Mirror(rd, tc.mirror, tc.keep_checkpoints, checkpoints, hook=hook, hook_name=tc.mirror_hook, outputs=outputs)
 
 
 def close_mirror(mirror: Mirror, cfg: Config, fit: Fit | None, world_size: int = 1) -> bool:

@@ -117,29 +117,48 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         if env.rank == 0 and cfg.script.torchrun_env:  # it hosts the scripts' store: torch, with the collector off
             import torch.distributed  # noqa: F401
         startup.done()
-        fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
+        mirror = _mirror(rd, env, cfg)
+        if mirror is not None:  # the run's story now; what the script wrote into the run dir at its end
+            mirror.sync()
+        try:
+            fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
+        except BaseException:
+            _close_mirror(mirror, cfg, None, env)
+            raise
+        _close_mirror(mirror, cfg, fit, env)
         return _ended(rd, env, cfg, job, fit)
     trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
-    mirror = None
-    if env.is_main and (cfg.trainer.mirror or cfg.trainer.mirror_hook):
-        from hpc_train.runtime.mirroring import close_mirror, open_mirror
-
-        mirror = open_mirror(rd, cfg)
+    mirror = _mirror(rd, env, cfg)
     try:
         fit = _train(rd, env, cfg, job, startup, trackers, mirror)
     except BaseException:
-        if mirror is not None:
-            close_mirror(mirror, cfg, None, env.world_size)
+        _close_mirror(mirror, cfg, None, env)
         if trackers is not None:
             trackers.close("failed")
         raise
-    if mirror is not None:  # before the requeue: the stop's checkpoint is the one a purged run dir comes back from
-        close_mirror(mirror, cfg, fit, env.world_size)
+    # Before the requeue: the stop's checkpoint is the one a purged run dir comes back from.
+    _close_mirror(mirror, cfg, fit, env)
     try:
         return _ended(rd, env, cfg, job, fit)  # the requeue first: the trackers' last rows must not delay it
     finally:
         if trackers is not None:
             trackers.close("completed" if fit.completed else "stopped")
+
+
+def _mirror(rd: RunDir, env: DistEnv, cfg: Config) -> Mirror | None:
+    """Rank 0's mirror (trainer.mirror, trainer.mirror_hook); None elsewhere or when off."""
+    if not env.is_main or not (cfg.trainer.mirror or cfg.trainer.mirror_hook):
+        return None
+    from hpc_train.runtime.mirroring import open_mirror
+
+    return open_mirror(rd, cfg)
+
+
+def _close_mirror(mirror: Mirror | None, cfg: Config, fit: Fit | None, env: DistEnv) -> None:
+    if mirror is not None:
+        from hpc_train.runtime.mirroring import close_mirror
+
+        close_mirror(mirror, cfg, fit, env.world_size)
 
 
 def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) -> Outcome:

@@ -257,3 +257,35 @@ def test_a_copy_cut_off_half_way_is_never_named_and_the_next_one_lands(
     ledger = read_ledger(Store(url))
     assert ledger is not None and ledger.named(record.name) == ledger.checkpoints()[-1]
     assert Store(url).digest(record.name) == (digest, record.size)
+
+
+def test_a_scripts_outputs_in_the_run_dir_are_mirrored_at_its_end_and_what_it_writes_elsewhere_is_not(
+    tmp_path: Path,
+) -> None:
+    """A torchrun-style script that knows nothing of hpc_train, on 2 ranks: at its end, rank 0 mirrors the run's
+    story and what the script wrote into the run dir, each verified. The same script writing outside its run dir:
+    hpc_train cannot see those files, and its mirror holds the story alone."""
+    tutorial = Path(__file__).resolve().parents[2] / "hpc_train" / "examples" / "ddp_tutorial.py"
+    ledgers = {}
+    for where in ("inside", "outside"):
+        run_dir, url = tmp_path / where / "run", str(tmp_path / where / "mirror")
+        out = run_dir / "out" if where == "inside" else tmp_path / where / "out"
+        argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", "cluster.tasks_per_node=2"]
+        argv += [f"script.path={tutorial}", f"script.args=[--out,{out}]", f"trainer.mirror={url}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = "".join(p.read_text() for p in sorted((run_dir / "logs").glob("rank_0*.log")))
+        assert f"mirror {url}: the copy after the end of training landed, verified" in log
+        ledgers[where] = (Store(url), read_ledger(Store(url)), run_dir)
+    store, ledger, run_dir = ledgers["inside"]
+    assert ledger is not None
+    names = {f.name for f in ledger.files}
+    assert {"out/rank0.json", "out/rank1.json", "config.yaml", "overrides.json"} <= names, names
+    assert not any(name.startswith("logs/") for name in names), names
+    for name in ("out/rank0.json", "out/rank1.json"):
+        entry = ledger.named(name)
+        assert entry is not None and store.digest(name) == (entry.sha256, entry.size)
+        assert entry.sha256 == hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+    _, elsewhere, _ = ledgers["outside"]
+    assert elsewhere is not None and not any("rank0" in f.name for f in elsewhere.files)
+    assert {"config.yaml", "overrides.json"} <= {f.name for f in elsewhere.files}
