@@ -262,13 +262,16 @@ def _observers(
     """What watches the trainer: the start-up profile, rank 0's goodput progress file and straggler verdicts, the
     watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
     is on record)."""
-    from hpc_train.runtime.mirroring import MirrorCopies
     from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, StragglerLog, TrackerRows
     from hpc_train.train.hooks import Observers
 
     progress = [ProgressFile(rd, env.rank), StragglerLog(rd)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
-    copies = [MirrorCopies(mirror)] if mirror is not None else []
+    copies = []
+    if mirror is not None:
+        from hpc_train.runtime.mirroring import MirrorCopies
+
+        copies.append(MirrorCopies(mirror))
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
     marks = StartupMarks(startup, rd, env.rank, env.hostname)
     return Observers(marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *copies, *faults)
