@@ -246,3 +246,16 @@ def test_a_hook_that_cannot_be_found_is_refused_with_the_fix() -> None:
     for name in ("os.path.no_such_function", "no_such_module_here.fn", "os.sep"):
         with pytest.raises(ConfigError, match=r"trainer.mirror_hook=.*HINT"):
             resolve_hook(name)
+
+
+def test_jobs_status_says_what_the_mirror_holds_and_why_its_last_copy_failed(run: tuple[RunDir, str]) -> None:
+    from hpc_train.core.records import MirrorStatus
+    from hpc_train.tools.jobs import mirror_line
+
+    rd, url = run
+    assert mirror_line(rd, 100.0) == ""  # no mirror
+    landed = "checkpoints/step_000000040.pt"
+    rd.write_mirror_status(MirrorStatus(store=url, time=90.0, landed=landed, landed_step=40, seconds=2.5))
+    assert mirror_line(rd, 100.0) == f"{rd.path}: {url} holds step 40 verified (10 s ago); the copy took 2.5 s"
+    rd.write_mirror_status(MirrorStatus(store=url, time=95.0, landed=landed, landed_step=40, error="OSError: full"))
+    assert mirror_line(rd, 100.0).endswith("holds step 40 verified (5 s ago); the latest copy failed: OSError: full")
