@@ -42,6 +42,7 @@ __all__ = [
     "Failure",
     "Growth",
     "MirrorLedger",
+    "MirrorOrigin",
     "MirrorStatus",
     "MirroredFile",
     "NodeSummary",
@@ -911,4 +912,20 @@ class MirrorStatus(_Record):
         "landed_step": _STEP,
         "error": _Key("is not a string", _string),
         "seconds": _SECONDS,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class MirrorOrigin(_Record):
+    """Where ``jobs pull`` brought a run dir from (``status/pulled.json``): the mirror, and the run dir its ledger
+    names. The run goes on mirroring there from its new place."""
+
+    store: str
+    run: str
+    time: float
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "store": _Key("is not a string", _string, required=True),
+        "run": _Key("is not a path", _string, required=True),
+        "time": _Key("is not a time stamp", _number, required=True),
     }

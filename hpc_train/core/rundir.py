@@ -64,6 +64,7 @@ from hpc_train.core.records import (
     AttemptRecord,
     BadNode,
     Growth,
+    MirrorOrigin,
     MirrorStatus,
     NodeSummary,
     Progress,
@@ -512,6 +513,17 @@ class RunDir:
 
     def mirror_state(self) -> MirrorStatus | None:
         return MirrorStatus.salvage(read_json(self.mirror_status))[0]
+
+    @property
+    def pulled(self) -> Path:
+        """Where ``jobs pull`` brought this run dir from (``MirrorOrigin``)."""
+        return self.status_dir / "pulled.json"
+
+    def write_pulled_from(self, origin: MirrorOrigin) -> None:
+        write_json_atomic(self.pulled, origin.to_json())
+
+    def pulled_from(self) -> MirrorOrigin | None:
+        return MirrorOrigin.salvage(read_json(self.pulled))[0]
 
     def checkpointed_tracker_runs(self) -> list[TrackerRun]:
         """The tracker runs the checkpoint ledger names: a copy made at each checkpoint, which keeps the runs'

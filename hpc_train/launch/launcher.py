@@ -220,13 +220,14 @@ def _check_something_to_resume(run_dir: RunDir, mirror: str) -> None:
     if run_dir.model_final.exists() and not run_dir.checkpoint_files():
         if mirror:
             from hpc_train.mirror import Store, read_ledger
+            from hpc_train.mirror.sync import holds_this_run
 
             try:
                 ledger = read_ledger(Store(mirror))
             except Exception as exc:  # noqa: BLE001 - the store's library; the nodes may reach it
                 print(f"hpc_train: WARNING: mirror {mirror} could not be read from here ({exc}); the ranks try it")
                 return
-            held = ledger.checkpoints() if ledger is not None else []
+            held = ledger.checkpoints() if ledger is not None and holds_this_run(ledger, run_dir, mirror) else []
             if held:
                 print(
                     f"hpc_train: {run_dir.checkpoints} is empty; the ranks resume from the mirror {mirror} (step {held[-1].step})"

@@ -37,7 +37,7 @@ from hpc_train.core.records import MirroredFile, MirrorLedger, MirrorStatus
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror.store import Store, describe_error, file_sha256
 
-__all__ = ["LEDGER", "STORY", "Mirror", "MirrorError", "read_ledger", "restore_newest"]
+__all__ = ["LEDGER", "STORY", "Mirror", "MirrorError", "holds_this_run", "other_run", "read_ledger", "restore_newest"]
 
 log = logging.getLogger("hpc_train")
 
@@ -222,9 +222,9 @@ class Mirror:
         store = self._store
         ours = str(self.run_dir.path.resolve())
         ledger = read_ledger(store) or MirrorLedger(run=ours)
-        if ledger.run != ours and self._ledger is None:
-            log.info("hpc_train: mirror %s held run %s; it mirrors %s from now on", self.url, ledger.run, ours)
-        ledger = replace(ledger, run=ours)
+        if not holds_this_run(ledger, self.run_dir, self.url):
+            raise MirrorError(other_run(ledger, self.run_dir, self.url))
+        ledger = replace(ledger, run=ours)  # (a run pulled from it to another place goes on there)
         self._ledger = ledger
         checkpoints = list(self._checkpoints())
         if checkpoints:
@@ -372,6 +372,24 @@ class Mirror:
             self.run_dir.write_mirror_status(status)
         except OSError as exc:  # the run dir's file system: the log has the copy's outcome
             log.warning("hpc_train: could not record the mirror's state in %s: %s", self.run_dir.status_dir, exc)
+
+
+def holds_this_run(ledger: MirrorLedger, run_dir: RunDir, url: str) -> bool:
+    """Whether the mirror's ledger is this run's: written from this run dir, or from the one it was pulled from
+    (``jobs pull`` leaves ``status/pulled.json``). A mirror holds one run: another run's files are never resumed
+    from, overwritten or pruned."""
+    if not ledger.files or ledger.run == str(run_dir.path.resolve()):
+        return True
+    pulled = run_dir.pulled_from()
+    return pulled is not None and pulled.store == url and pulled.run == ledger.run
+
+
+def other_run(ledger: MirrorLedger, run_dir: RunDir, url: str) -> str:
+    return (
+        f"{url} holds the run of {ledger.run}, not {run_dir.path}: nothing is copied there nor resumed from it. "
+        "HINT: give each run a mirror of its own (e.g. trainer.mirror=s3://bucket/runs/<name of the run>), or "
+        f"bring that run here with python -m hpc_train.jobs pull {url} RUN_DIR"
+    )
 
 
 def restore_newest(store: Store, checkpoints: Path, ledger: MirrorLedger | None = None) -> MirroredFile | None:

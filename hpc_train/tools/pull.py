@@ -4,15 +4,18 @@ Every file the mirror's ledger names is downloaded beside its place, checked aga
 size, and only then moved into place; a file that does not match is left out, with a warning, and the pull ends
 with status 1. A file already in the run dir with other bytes is kept as ``<name>.before-pull``: nothing there is
 lost. The checkpoints pulled are named in the run dir's checkpoint ledger, so a launch with the same run dir
-resumes from the newest of them, and verifies it again as it loads it.
+resumes from the newest of them, and verifies it again as it loads it. ``status/pulled.json`` says where it came
+from, so that the run goes on mirroring to that mirror from its new place.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
+from hpc_train.core.records import MirrorOrigin
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror import Store, read_ledger
 from hpc_train.mirror.store import describe_error, file_sha256
@@ -56,6 +59,7 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
             os.replace(dest, dest.with_name(f"{dest.name}.before-pull"))
         os.replace(tmp, dest)
         pulled += 1
+    rd.write_pulled_from(MirrorOrigin(store=mirror, run=ledger.run, time=time.time()))
     checkpoints = Checkpoints(rd)
     for record in ledger.checkpoints():
         path = rd.path / record.name

@@ -30,8 +30,9 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.distributed import DistEnv
 from hpc_train.distributed.stragglers import StragglerWatch, rank_places
-from hpc_train.mirror import Store, restore_newest
+from hpc_train.mirror import Store, read_ledger, restore_newest
 from hpc_train.mirror.store import describe_error
+from hpc_train.mirror.sync import holds_this_run, other_run
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,
@@ -686,7 +687,13 @@ class Trainer:
         ran_before = bool(self.run_dir.attempt_records() or self.run_dir.read_metrics())
         try:
             store = Store(url)
-            record = restore_newest(store, self.run_dir.checkpoints)
+            ledger = read_ledger(store)
+            if ledger is not None and not holds_this_run(ledger, self.run_dir, url):
+                log.warning(
+                    "no checkpoint in %s, and %s", self.run_dir.checkpoints, other_run(ledger, self.run_dir, url)
+                )
+                return None
+            record = restore_newest(store, self.run_dir.checkpoints, ledger)
         except Exception as exc:  # noqa: BLE001 - the store's library: unreachable, no credentials, ...
             log.warning("mirror %s could not be read (%s): training starts over from step 0", url, describe_error(exc))
             return None

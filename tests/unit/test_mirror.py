@@ -259,3 +259,28 @@ def test_jobs_status_says_what_the_mirror_holds_and_why_its_last_copy_failed(run
     assert mirror_line(rd, 100.0) == f"{rd.path}: {url} holds step 40 verified (10 s ago); the copy took 2.5 s"
     rd.write_mirror_status(MirrorStatus(store=url, time=95.0, landed=landed, landed_step=40, error="OSError: full"))
     assert mirror_line(rd, 100.0).endswith("holds step 40 verified (5 s ago); the latest copy failed: OSError: full")
+
+
+def test_a_mirror_holds_one_run_and_another_is_refused_unless_it_was_pulled_from_it(
+    tmp_path: Path, run: tuple[RunDir, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpc_train.tools.jobs import main
+
+    rd, url = run
+    first = _mirror(rd, url, [_checkpoint(rd, 10)])
+    first.sync()
+    assert first.wait(30) and first.error == ""
+    before = read_ledger(Store(url))
+    other = RunDir(tmp_path / "other")
+    other.status_dir.mkdir(parents=True)
+    second = _mirror(other, url, [_checkpoint(other, 99)], keep=1)
+    second.sync()
+    assert second.wait(30) and f"holds the run of {rd.path.resolve()}, not {other.path}" in second.error
+    assert read_ledger(Store(url)) == before  # nothing of the first run unnamed, overwritten or pruned
+    assert main(["pull", url, str(tmp_path / "moved")]) == 0  # the first run, brought to another place...
+    capsys.readouterr()
+    moved = RunDir(tmp_path / "moved")
+    goes_on = _mirror(moved, url, [_checkpoint(moved, 20)])
+    goes_on.sync()  # ...goes on mirroring there
+    assert goes_on.wait(30) and goes_on.error == ""
+    assert [f.step for f in read_ledger(Store(url)).checkpoints()] == [10, 20]  # type: ignore[union-attr]
