@@ -3,6 +3,7 @@ JSON reads, and following a file as it grows."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -52,6 +53,17 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], durable: bool
 def write_json_atomic(path: Path, obj: Any, durable: bool = True) -> None:
     """Write ``obj`` as JSON with ``atomic_write``."""
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()), durable)
+
+
+def file_digest(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
+    """The SHA-256 (hex) and size of a file, read in blocks of ``chunk`` bytes: the checkpoint ledger's and the
+    mirror's check of a file."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 def read_json(path: Path) -> Any:

@@ -18,7 +18,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["CHUNK", "Store", "describe_error", "file_sha256", "is_url"]
+__all__ = ["CHUNK", "Store", "describe_error", "is_url"]
 
 CHUNK = 8 * 1024 * 1024
 """Bytes per read and write: S3's multipart uploads take parts of at least 5 MiB."""
@@ -100,12 +100,6 @@ class Store:
     def remove(self, name: str) -> None:
         with suppress(FileNotFoundError):  # gone already
             self.fs.rm_file(self.path(name))
-
-
-def file_sha256(path: Path) -> tuple[str, int]:
-    """The SHA-256 and size of a local file, read in blocks."""
-    with path.open("rb") as f:
-        return _pump(f, lambda data: None)
 
 
 def _pump(src: IO[bytes], write: Callable[[bytes], Any]) -> tuple[str, int]:

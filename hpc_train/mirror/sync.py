@@ -33,9 +33,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.files import file_digest
 from hpc_train.core.records import MirroredFile, MirrorLedger, MirrorStatus
 from hpc_train.core.rundir import RunDir
-from hpc_train.mirror.store import Store, describe_error, file_sha256
+from hpc_train.mirror.store import Store, describe_error
 
 __all__ = ["LEDGER", "STORY", "Mirror", "MirrorError", "holds_this_run", "other_run", "read_ledger", "restore_newest"]
 
@@ -234,7 +235,7 @@ class Mirror:
                 ledger = self._land(store, ledger, self.run_dir.path / newest.name, newest)
         final = self.run_dir.model_final
         if final.is_file():
-            sha, size = file_sha256(final)
+            sha, size = file_digest(final)
             held = ledger.named(final.name)
             if held is None or held.sha256 != sha:
                 expected = MirroredFile(name=final.name, sha256=sha, size=size, time=time.time())
@@ -244,7 +245,7 @@ class Mirror:
             path = self.run_dir.path / name
             if not path.is_file():
                 continue
-            sha, size = file_sha256(path)
+            sha, size = file_digest(path)
             held = ledger.named(name)
             if held is None or held.sha256 != sha:
                 ledger = self._land(
@@ -261,14 +262,14 @@ class Mirror:
         if checkpoints:
             newest = checkpoints[-1]
             path = self.run_dir.path / newest.name
-            if path.is_file() and file_sha256(path) == (newest.sha256, newest.size):
+            if path.is_file() and file_digest(path) == (newest.sha256, newest.size):
                 found.append(newest)
             elif path.is_file():
                 raise MirrorError(f"{path} no longer matches its ledger: not given to {self._hook_name}")
         for name in (self.run_dir.model_final.name, *STORY):
             path = self.run_dir.path / name
             if path.is_file():
-                sha, size = file_sha256(path)
+                sha, size = file_digest(path)
                 found.append(MirroredFile(name=name, sha256=sha, size=size, time=time.time()))
         return found
 

@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train.core.files import file_digest
 from hpc_train.core.records import MirrorOrigin
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror import Store, read_ledger
-from hpc_train.mirror.store import describe_error, file_sha256
+from hpc_train.mirror.store import describe_error
 
 __all__ = ["cmd_pull"]
 
@@ -40,7 +41,7 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
     pulled, same, damaged = 0, 0, []
     for record in ledger.files:
         dest = rd.path / record.name
-        if dest.is_file() and dest.stat().st_size == record.size and file_sha256(dest)[0] == record.sha256:
+        if dest.is_file() and dest.stat().st_size == record.size and file_digest(dest)[0] == record.sha256:
             same += 1
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from typing import IO, Any
 import torch
 
 from hpc_train.core.errors import ConfigError
-from hpc_train.core.files import atomic_write, read_json, write_json_atomic
+from hpc_train.core.files import atomic_write, file_digest, read_json, write_json_atomic
 from hpc_train.core.rundir import RunDir
 
 __all__ = [
@@ -129,15 +129,6 @@ class _Hashing:
 
     def flush(self) -> None:
         self.f.flush()
-
-
-def _file_digest(path: Path) -> tuple[str, int]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def _full(exc: BaseException | None) -> bool:
@@ -343,7 +334,7 @@ class Checkpoints:
     def _adopt(self, path: Path, step: int) -> None:
         """Record a checkpoint from before the ledger once it has been verified and resumed from, so that later
         checkpoints can fall back to it (older unrecorded ones are left alone: never loaded nor deleted)."""
-        digest, size = _file_digest(path)
+        digest, size = file_digest(path, _HASH_CHUNK)
         record = CheckpointRecord(file=path.name, step=step, sha256=digest, size=size, time=path.stat().st_mtime)
         self._write(_Ledger(records=[record], found=True))
 
@@ -426,7 +417,7 @@ def verify_checkpoint(path: Path, record: CheckpointRecord | None) -> dict[str, 
     the ledger has one), a complete load, and finite model and optimizer state. ValueError saying what failed."""
     if record is not None:
         try:
-            digest, size = _file_digest(path)
+            digest, size = file_digest(path, _HASH_CHUNK)
         except FileNotFoundError:
             raise ValueError(f"{path} is gone") from None
         # Any other OSError (EIO, ESTALE on NFS) propagates: the file may be fine, and it is not set aside.
