@@ -107,6 +107,9 @@ class JobSpec:
     """cluster.slurm.container's words, put before the Python."""
     pack: int = 1
     """Run dirs per job (``cluster.pack``): element i trains ``run_dirs[i * pack : (i + 1) * pack]``."""
+    mirrors: tuple[str, ...] = ()
+    """Each run dir's trainer.mirror ('' for none; empty: none has one): the supervisor brings a run dir that lost
+    its config.yaml back from it (a scratch purge while the job was queued). Not for packs."""
 
     @property
     def python_command(self) -> list[str]:
@@ -134,9 +137,10 @@ def job_spec(
     python: str | None = None,
     pack: int = 1,
     lead_s: int | None = None,
+    mirrors: Sequence[str] = (),
 ) -> JobSpec:
     """The spec for ``run_dirs`` (several: an array, of packs of ``pack``); Slurm writes its output under
-    ``log_dir``; ``lead_s``: the signal lead (``sbatch_flags``)."""
+    ``log_dir``; ``lead_s``: the signal lead (``sbatch_flags``); ``mirrors``: each run dir's trainer.mirror."""
     pack = max(1, min(pack, len(run_dirs)))  # a sweep of fewer points than cluster.pack asks for those only
     name = "slurm-%A_%a.out" if len(run_dirs) > pack else "slurm-%j.out"
     return JobSpec(
@@ -149,7 +153,18 @@ def job_spec(
         signal=cluster.signal.upper().removeprefix("SIG"),
         array_parallelism=cluster.slurm.array_parallelism,
         wrapper=tuple(cluster.container_argv),
+        mirrors=tuple(mirrors) if any(mirrors) and pack == 1 else (),
     )
+
+
+def _one_line(key: str, value: str) -> str:
+    """``value`` for the script's command; refused with a control character (validation refuses those in every
+    config value already: this guards what reaches the script by another way)."""
+    if control_character(value):
+        raise ConfigError(
+            f"{key}={value!r} holds a control character, which a job script must not carry. HINT: remove it"
+        )
+    return value
 
 
 def _flag_line(key: str, value: str | None) -> str:
@@ -189,6 +204,10 @@ def render_sbatch(spec: JobSpec) -> str:
     elif spec.is_array:
         lines.append("RUN_DIRS=(" + " ".join(shlex.quote(str(d)) for d in spec.run_dirs) + ")")
         lines.append("RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}")
+        if spec.mirrors:
+            lines.append(
+                "MIRRORS=(" + " ".join(shlex.quote(_one_line("trainer.mirror", m)) for m in spec.mirrors) + ")"
+            )
     else:
         lines.append(f"RUN_DIR={shlex.quote(str(spec.run_dirs[0]))}")
     if spec.setup:
@@ -204,6 +223,9 @@ def render_sbatch(spec: JobSpec) -> str:
         ]
     else:
         command = shlex.join([*spec.python_command, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
+        if spec.mirrors:  # read from here, not from the run dir: a scratch purge may have emptied that
+            mirror = '"${MIRRORS[$SLURM_ARRAY_TASK_ID]}"' if spec.is_array else shlex.quote(spec.mirrors[0])
+            command += f" --mirror {_one_line('trainer.mirror', mirror)}"
         about = [
             f"# The supervisor runs the training step (srun ... python -m {WORKER}) on the healthy nodes, and starts",
             "# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).",

@@ -81,9 +81,14 @@ def _stop_following(run_dir: RunDir, why: str) -> None:
 
 
 def submit_slurm(
-    cfg: Config, run_dirs: Sequence[RunDir], log_dir: Path, overrides: Sequence[Sequence[str]] = ()
+    cfg: Config,
+    run_dirs: Sequence[RunDir],
+    log_dir: Path,
+    overrides: Sequence[Sequence[str]] = (),
+    mirrors: Sequence[str] = (),
 ) -> list[str]:
     """Submit one job per run dir, as one array when there are several; returns the job ids (none on dry runs).
+    ``mirrors``: each run dir's trainer.mirror (default: ``cfg``'s for each).
 
     Each run dir is owned by its job once submitted (``hpc_train.core.owner``): until the job ends, another
     launch into it is refused. A run dir this process has not claimed yet (a sweep's element) is claimed here,
@@ -99,7 +104,7 @@ def submit_slurm(
                 lease = claim_run_dir(cfg, rd)
                 claimed.append(lease)
             leases.append(lease)
-        return _submit(cfg, run_dirs, log_dir, overrides, leases)
+        return _submit(cfg, run_dirs, log_dir, overrides, leases, mirrors or [cfg.trainer.mirror] * len(run_dirs))
     finally:
         for lease in claimed:
             lease.release()  # nothing when it was handed to its job
@@ -111,10 +116,20 @@ def _submit(
     log_dir: Path,
     overrides: Sequence[Sequence[str]],
     leases: Sequence[owner.Lease],
+    mirrors: Sequence[str],
 ) -> list[str]:
     # Live Slurm where it answers (a dry run too), else the facts a profile recorded, if any.
     lead = _timeouts(cfg, run_dirs)
-    spec = job_spec(cfg.cluster, [rd.path for rd in run_dirs], log_dir, pack=cfg.cluster.pack, lead_s=lead)
+    paths = [rd.path for rd in run_dirs]
+    spec = job_spec(cfg.cluster, paths, log_dir, pack=cfg.cluster.pack, lead_s=lead, mirrors=mirrors)
+    if any(mirrors) and (not spec.mirrors or cfg.cluster.slurm.submit != "sbatch"):
+        print(
+            "hpc_train: note: with trainer.mirror, a job whose run dir a scratch purge empties while it is queued "
+            "comes back from the mirror with cluster.slurm.submit=sbatch and no cluster.pack only (submitit reads "
+            "its job from the run dir before hpc_train runs). The copies are made either way, and `python -m "
+            "hpc_train.jobs pull MIRROR RUN_DIR` brings a run back by hand.",
+            file=sys.stderr,
+        )
     facts = facts_for(cfg.cluster, live=True)
     if facts is not None:
         check_request(cfg.cluster, facts)

@@ -63,8 +63,10 @@ def launch_sweep(
         # every element, before the first runs
         typed = []
         for c, o in zip(sweep_configs, job_overrides, strict=True):
+            HydraConfig.instance().set_config(c)  # the element's own ${hydra:job.num} and friends, as run_job would
             with held():
                 typed.append(check_paths(config_from_dict(c, o)))
+        _check_own_mirrors(typed)
         if typed and typed[0].cluster.launcher == "slurm" and typed[0].cluster.slurm.submit != "here":
             _check_one_request(typed)
             for element in typed:
@@ -100,6 +102,20 @@ def _check_one_request(typed: list[Config]) -> None:
             )
 
 
+def _check_own_mirrors(typed: list[Config]) -> None:
+    """A mirror holds one run (``hpc_train.mirror``): two elements of a sweep must not share one."""
+    first: dict[str, int] = {}
+    for index, cfg in enumerate(typed):
+        url = cfg.trainer.mirror
+        if url and url in first:
+            raise ConfigError(
+                f"sweep elements {first[url]} and {index} both have trainer.mirror={url!r}, and a mirror holds one "
+                "run: the second would find the first's there and copy nothing. HINT: give each element its own, "
+                "e.g. trainer.mirror='s3://bucket/runs/${hydra:job.num}' (quoted: the shell must not expand it)"
+            )
+        first.setdefault(url, index)
+
+
 def _request(cfg: Config) -> dict[str, Any]:
     """The cluster keys of ``cfg``, dotted (``cluster.slurm.partition``)."""
     cluster = asdict(cfg.cluster)
@@ -124,7 +140,13 @@ def _submit_array(
             make_private(sweep_dir / "slurm", secret_keys)
         for cfg, rd, overrides in zip(typed, run_dirs, job_overrides, strict=True):
             write_config(cfg, rd, [*flags, *overrides], secret_keys=secret_keys)
-        job_ids = submit_slurm(typed[0], run_dirs, log_dir=sweep_dir / "slurm", overrides=job_overrides)
+        job_ids = submit_slurm(
+            typed[0],
+            run_dirs,
+            log_dir=sweep_dir / "slurm",
+            overrides=job_overrides,
+            mirrors=[c.trainer.mirror for c in typed],
+        )
     if job_ids:
         array_id = job_ids[0].split("_")[0]
         jobs = len(dict.fromkeys(job_ids))

@@ -68,9 +68,13 @@ class Store:
         store's PUT replaces the object at once."""
         self._parent(name)
         if self.local:
-            tmp = self.path(f"{name}.tmp")
-            self.fs.pipe_file(tmp, data)
-            self.fs.mv(tmp, self.path(name))
+            tmp = f"{name}.tmp"
+            try:
+                self.fs.pipe_file(self.path(tmp), data)
+            except BaseException:
+                self.discard(tmp)  # a file system that ran full keeps no part of it
+                raise
+            self.fs.mv(self.path(tmp), self.path(name))
         else:
             self.fs.pipe_file(self.path(name), data)
 
@@ -100,6 +104,12 @@ class Store:
     def remove(self, name: str) -> None:
         with suppress(FileNotFoundError):  # gone already
             self.fs.rm_file(self.path(name))
+
+    def discard(self, name: str) -> None:
+        """Delete what a failed copy left at ``name``, if the store lets it: the copy's own error is the one to
+        report, so this one is not raised."""
+        with suppress(Exception):
+            self.remove(name)
 
 
 def _pump(src: IO[bytes], write: Callable[[bytes], Any]) -> tuple[str, int]:

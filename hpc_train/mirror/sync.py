@@ -33,12 +33,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.errors import HpcTrainError
 from hpc_train.core.files import file_digest
 from hpc_train.core.records import MirroredFile, MirrorLedger, MirrorStatus
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror.store import Store, describe_error
 
-__all__ = ["LEDGER", "STORY", "Mirror", "MirrorError", "holds_this_run", "other_run", "read_ledger", "restore_newest"]
+__all__ = [
+    "LEDGER",
+    "STORY",
+    "Mirror",
+    "MirrorError",
+    "MirrorUnreadable",
+    "holds_this_run",
+    "other_run",
+    "read_ledger",
+    "restore_newest",
+]
 
 log = logging.getLogger("hpc_train")
 
@@ -47,6 +58,7 @@ LEDGER = "mirror.json"
 STORY = (
     "config.yaml",
     "overrides.json",
+    "job.json",
     "metrics.jsonl",
     "status/attempts.json",
     "status/restarts.json",
@@ -62,6 +74,11 @@ STORY = (
 
 class MirrorError(RuntimeError):
     """A copy that did not land whole (the store gave back other bytes than were sent)."""
+
+
+class MirrorUnreadable(HpcTrainError, RuntimeError):
+    """A run that trained before has no checkpoint in its run dir, and its mirror cannot be read: it must not start
+    over (that would replace the mirror's copies of it)."""
 
 
 def read_ledger(store: Store) -> MirrorLedger | None:
@@ -298,6 +315,18 @@ class Mirror:
             ledger = self._write(
                 store, replace(ledger, files=tuple(f for f in ledger.files if f.name != expected.name))
             )
+        try:
+            self._copy(store, source, expected)
+        except BaseException:
+            # A partial or mismatched copy is never named; it is deleted too, so that a store that ran full, or a
+            # copy cut off, does not keep the space it took (the name was unnamed above: nothing else is there).
+            store.discard(expected.name)
+            raise
+        return self._name(store, ledger, replace(expected, time=time.time()))
+
+    @staticmethod
+    def _copy(store: Store, source: Path, expected: MirroredFile) -> None:
+        """Copy ``source`` to ``expected.name`` and read it back; MirrorError when either differs from ``expected``."""
         sent = store.upload(source, expected.name)
         if sent != (expected.sha256, expected.size):
             raise MirrorError(
@@ -310,7 +339,6 @@ class Mirror:
                 f"{store.path(expected.name)} reads back as {back[1]} bytes with SHA-256 {back[0][:12]}..., not the "
                 f"{sent[1]} bytes sent ({sent[0][:12]}...): not named in the mirror's ledger"
             )
-        return self._name(store, ledger, replace(expected, time=time.time()))
 
     def _story(self, store: Store, ledger: MirrorLedger) -> MirrorLedger:
         """The small files that changed since the mirror last held them: unnamed, written, read back, named (two

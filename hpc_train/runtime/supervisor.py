@@ -42,6 +42,7 @@ from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
+from hpc_train.mirror.pull import StoryNotRestored, restore_story
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.grow import checkpoint_cost_s, estimate, larger_count, requeue_gap_s
 from hpc_train.runtime.ledger import AttemptLedger
@@ -485,7 +486,19 @@ def main(argv: list[str] | None = None) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--run-dir", type=Path, help="run directory written by `python -m hpc_train`")
     which.add_argument("--pack", type=Path, nargs="+", help="the run directories of a pack (cluster.pack)")
+    parser.add_argument(
+        "--mirror",
+        default="",
+        help="the run's trainer.mirror: a run dir that lost its config.yaml (a scratch purge while the job was "
+        "queued) gets its story back from there first, and the ranks resume from the mirror's newest checkpoint",
+    )
     args = parser.parse_args(argv)
+    if args.mirror and args.run_dir:
+        try:
+            restore_story(RunDir(args.run_dir), args.mirror, lambda line: say(line, sys.stdout))
+        except StoryNotRestored as exc:
+            say(f"ERROR: {exc}")
+            sys.exit(EXIT_FATAL)
     for path in args.pack or [args.run_dir]:
         if not RunDir.holds_run(path):
             parser.error(f"{path}: no {RunDir(path).config.name} there")

@@ -10,15 +10,14 @@ from, so that the run goes on mirroring to that mirror from its new place.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
-from hpc_train.core.files import file_digest
 from hpc_train.core.records import MirrorOrigin
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror import Store, read_ledger
+from hpc_train.mirror.pull import pull_files
 from hpc_train.mirror.store import describe_error
 
 __all__ = ["cmd_pull"]
@@ -38,28 +37,7 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
         return 2
     rd = RunDir(run_dir)
     rd.status_dir.mkdir(parents=True, exist_ok=True)
-    pulled, same, damaged = 0, 0, []
-    for record in ledger.files:
-        dest = rd.path / record.name
-        if dest.is_file() and dest.stat().st_size == record.size and file_digest(dest)[0] == record.sha256:
-            same += 1
-            continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.pull")
-        try:
-            got = store.download(record.name, tmp)
-        except Exception as exc:  # noqa: BLE001 - gone or unreadable in the store
-            tmp.unlink(missing_ok=True)
-            damaged.append(f"{record.name}: {describe_error(exc)}")
-            continue
-        if got != (record.sha256, record.size):
-            tmp.unlink(missing_ok=True)
-            damaged.append(f"{record.name}: {got[1]} bytes with SHA-256 {got[0][:12]}..., not as its ledger says")
-            continue
-        if dest.exists():
-            os.replace(dest, dest.with_name(f"{dest.name}.before-pull"))
-        os.replace(tmp, dest)
-        pulled += 1
+    done = pull_files(store, ledger.files, rd, replace=True)
     rd.write_pulled_from(MirrorOrigin(store=mirror, run=ledger.run, time=time.time()))
     checkpoints = Checkpoints(rd)
     for record in ledger.checkpoints():
@@ -68,9 +46,9 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
             checkpoints.adopt_copy(path, record.step, record.sha256, record.size)
     newest = [r for r in ledger.checkpoints() if (rd.path / r.name).is_file()]
     print(
-        f"hpc_train.jobs: pulled {pulled} file(s) from {mirror} into {rd.path} ({same} there already)"
-        + (f"; it resumes from step {newest[-1].step}" if newest else "; no checkpoint")
+        f"hpc_train.jobs: pulled {len(done.pulled)} file(s) from {mirror} into {rd.path} ({len(done.same)} there "
+        "already)" + (f"; it resumes from step {newest[-1].step}" if newest else "; no checkpoint")
     )
-    for line in damaged:
+    for line in done.damaged:
         print(f"hpc_train.jobs: WARNING: not pulled, damaged in the mirror: {line}", file=sys.stderr)
-    return 1 if damaged else 0
+    return 1 if done.damaged else 0

@@ -32,7 +32,7 @@ from hpc_train.distributed import DistEnv
 from hpc_train.distributed.stragglers import StragglerWatch, rank_places
 from hpc_train.mirror import Store, read_ledger, restore_newest
 from hpc_train.mirror.store import describe_error
-from hpc_train.mirror.sync import holds_this_run, other_run
+from hpc_train.mirror.sync import MirrorUnreadable, holds_this_run, other_run
 from hpc_train.train.checkpoint import (
     CheckpointRecord,
     Checkpoints,
@@ -684,7 +684,9 @@ class Trainer:
         url = self.cfg.trainer.mirror
         if not url:
             return None
-        ran_before = bool(self.run_dir.attempt_records() or self.run_dir.read_metrics())
+        state = self.run_dir.mirror_state()
+        # Steps trained, or a copy that landed: starting over would replace the mirror's story with a new one.
+        ran_before = bool(self.run_dir.read_metrics() or (state is not None and state.landed))
         try:
             store = Store(url)
             ledger = read_ledger(store)
@@ -694,8 +696,16 @@ class Trainer:
                 )
                 return None
             record = restore_newest(store, self.run_dir.checkpoints, ledger)
-        except Exception as exc:  # noqa: BLE001 - the store's library: unreachable, no credentials, ...
-            log.warning("mirror %s could not be read (%s): training starts over from step 0", url, describe_error(exc))
+        except Exception as exc:  # the store's library: unreachable, no credentials, ...
+            if ran_before:
+                raise MirrorUnreadable(
+                    f"{self.run_dir.checkpoints} holds no checkpoint, this run trained before, and its mirror {url} "
+                    f"could not be read ({describe_error(exc)}). It does not start over, which would replace the "
+                    "mirror's copies of it: the attempt fails (on Slurm, the supervisor tries once more). HINT: when the store "
+                    "answers, launch the run dir again; to start over on purpose, launch it with trainer.mirror='' "
+                    "or another mirror"
+                ) from exc
+            log.warning("mirror %s could not be read (%s): training starts from step 0", url, describe_error(exc))
             return None
         if record is None:
             say = log.warning if ran_before else log.info

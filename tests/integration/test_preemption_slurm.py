@@ -146,3 +146,48 @@ def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
     assert status["done"] and not status["ok"] and "watchdog" in status["detail"], status
     print(f"hang: job ended {ended_after:.1f}s after the first step (watchdog 10 s)")
+
+
+def _squeue_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip()
+
+
+def test_a_run_dir_purged_while_its_job_waits_in_the_queue_comes_back_from_the_mirror(
+    tmp_path: Path, baseline: Baseline
+) -> None:
+    """USR2 at a random step with trainer.mirror set: the ranks checkpoint, the copy lands, the job is requeued and
+    waits in the queue (its partition is down). Meanwhile a scratch purge deletes every file of the run dir (its
+    folders stay: Slurm cannot even open a job's output in a folder that is gone, measured FAILED 0:53). The job
+    starts again: the supervisor brings the run's story back from the mirror (the job script names it), rank 0
+    the newest checkpoint, and the run ends bit for bit where the uninterrupted one does."""
+    baseline.ready()  # nothing else in the partition while it is down
+    step = random.Random().randint(10, 80)
+    run_dir, mirror = tmp_path / "run", tmp_path / "project" / "mirror"
+    job_id = submit(run_dir, "cluster.submit=sbatch", f"trainer.mirror={mirror}")
+    wait_for_ranks(run_dir, step)
+    subprocess.run(["scontrol", "update", "partitionname=debug", "state=down"], check=True, timeout=30)
+    try:
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+        deadline = time.monotonic() + 120
+        while _squeue_state(job_id) != "PENDING":
+            assert time.monotonic() < deadline, f"job {job_id} was not requeued: {_squeue_state(job_id)}"
+            time.sleep(0.5)
+        held = json.loads((mirror / "mirror.json").read_text())
+        stopped = max(f["step"] for f in held["files"] if f.get("step") is not None)
+        assert stopped >= step, held
+        purged = [p for p in run_dir.rglob("*") if p.is_file()]
+        for path in purged:
+            path.unlink()
+        assert not (run_dir / "config.yaml").exists() and len(purged) > 10
+    finally:
+        subprocess.run(["scontrol", "update", "partitionname=debug", "state=up"], check=True, timeout=30)
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    output = "\n".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
+    assert "brought back verified from the mirror" in output and "config.yaml" in output, output[-3000:]
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert f"resuming from the mirror {mirror}" in log and f"(step {stopped})" in log, log[-3000:]
+    assert_bitwise_equal(baseline.ready(), run_dir)
+    status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path).stdout
+    assert "COMPLETED" in status, status
+    print(f"signalled at step {step}; stopped at {stopped}; purged {len(purged)} files; resumed from the mirror")

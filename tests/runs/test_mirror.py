@@ -225,6 +225,70 @@ def test_a_store_that_is_down_is_a_warning_and_training_ends_as_it_would(tmp_pat
     print(f"a 40-step run with its mirror down took {took:.1f} s")
     assert SECRET not in log and not any(SECRET in p.read_text(errors="replace") for p in run_dir.rglob("*.json"))
 
+    # Its checkpoints gone and the mirror still down: a run that trained before does not start over (which would
+    # replace the mirror's copies of it), and says why, with the fix. Its metrics are kept.
+    rows = (run_dir / "metrics.jsonl").read_text()
+    shutil.rmtree(run_dir / "checkpoints")
+    argv = [sys.executable, "-m", "hpc_train", f"hydra.run.dir={run_dir}", *JOB, "trainer.max_steps=60"]
+    again = subprocess.run(
+        [*argv, "trainer.mirror=s3://runs/down"], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
+    assert again.returncode != 0
+    said = again.stdout + again.stderr
+    assert "MirrorUnreadable" in said and "It does not start over" in said and "trainer.mirror=''" in said, said
+    assert (run_dir / "metrics.jsonl").read_text() == rows
+
+
+@pytest.fixture
+def small_file_system(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of its own, 64 MB to begin with (mounting needs root: CI runs as root)."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"tmpfs cannot be mounted here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=60)
+
+
+def _resize(folder: Path, size_kb: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(folder)], check=True, timeout=60)
+
+
+def test_a_store_that_runs_full_is_a_warning_keeps_what_it_named_and_no_part_of_a_copy(
+    tmp_path: Path, small_file_system: Path
+) -> None:
+    """A mirror on a file system that runs full: each copy fails with a warning that names the store and the error,
+    training completes, the mirror's ledger still names the last whole checkpoint, and what a failed copy wrote is
+    deleted (a store that ran full must not stay full of parts). With room again, the next copy lands."""
+    run_dir, mirror = tmp_path / "run", small_file_system / "mirror"
+    _train(run_dir, 20, {}, f"trainer.mirror={mirror}")
+    size = (run_dir / "checkpoints" / "step_000000020.pt").stat().st_size
+    used = sum(p.stat().st_size for p in mirror.rglob("*") if p.is_file())
+    _resize(small_file_system, (used + size // 2) // 1024 + 64)  # no room for another checkpoint
+    _train(run_dir, 60, {}, f"trainer.mirror={mirror}")
+    log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
+    assert f"mirror {mirror}: the copy failed, the next one tries again" in log and "No space left" in log, log
+    ledger = read_ledger(Store(str(mirror)))
+    assert ledger is not None and [f.step for f in ledger.checkpoints()] == [20]
+    named = {f.name for f in ledger.files} | {"mirror.json"}
+    left = {str(p.relative_to(mirror)) for p in mirror.rglob("*") if p.is_file()}
+    assert left <= named, f"parts of failed copies left in the full store: {left - named}"
+    assert (run_dir / "model_final.pt").is_file() and (run_dir / "checkpoints" / "step_000000060.pt").is_file()
+    status = RunDir(run_dir).mirror_state()
+    assert status is not None and "No space left" in status.error and status.landed_step == 20
+
+    _resize(small_file_system, 64 * 1024)
+    _train(run_dir, 80, {}, f"trainer.mirror={mirror}")
+    ledger = read_ledger(Store(str(mirror)))
+    assert ledger is not None and ledger.checkpoints()[-1].step == 80
+    status = RunDir(run_dir).mirror_state()
+    assert status is not None and not status.error and status.landed_step == 80
+
 
 def test_a_copy_cut_off_half_way_is_never_named_and_the_next_one_lands(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, s3: S3Server

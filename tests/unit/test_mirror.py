@@ -284,3 +284,54 @@ def test_a_mirror_holds_one_run_and_another_is_refused_unless_it_was_pulled_from
     goes_on.sync()  # ...goes on mirroring there
     assert goes_on.wait(30) and goes_on.error == ""
     assert [f.step for f in read_ledger(Store(url)).checkpoints()] == [10, 20]  # type: ignore[union-attr]
+
+
+def test_a_run_dir_that_lost_its_config_gets_its_story_back_and_nothing_it_holds_is_touched(
+    tmp_path: Path, run: tuple[RunDir, str]
+) -> None:
+    """The supervisor's first step after a scratch purge (``--mirror`` in the job script): the story files that are
+    missing come back verified; a file the run dir still has stays as it is; without config.yaml and without a
+    mirror that can give it back, the job ends with the fix and trains nothing."""
+    from hpc_train.mirror.pull import StoryNotRestored, restore_story
+
+    rd, url = run
+    rd.config.write_text("trainer: {max_steps: 30}\n")
+    rd.metrics.write_text('{"step": 10}\n')
+    (rd.status_dir / "attempts.json").write_text("[]\n")
+    mirror = _mirror(rd, url, [_checkpoint(rd, 10)])
+    mirror.sync()
+    assert mirror.wait(30) and mirror.error == ""
+    said: list[str] = []
+    assert restore_story(rd, url, said.append) is None and not said  # config.yaml is there: nothing to do
+    for path in (rd.config, rd.metrics, rd.checkpoints / "step_000000010.pt"):
+        path.unlink()
+    (rd.status_dir / "attempts.json").write_text('[{"mine": true}]\n')  # newer than the mirror's: kept
+    done = restore_story(rd, url, said.append)
+    assert done is not None and sorted(done.pulled) == ["config.yaml", "metrics.jsonl"]
+    assert rd.config.read_text() == "trainer: {max_steps: 30}\n" and rd.metrics.read_text() == '{"step": 10}\n'
+    assert (rd.status_dir / "attempts.json").read_text() == '[{"mine": true}]\n'
+    assert not (rd.checkpoints / "step_000000010.pt").exists()  # the ranks take it from the mirror
+    assert "had lost config.yaml, metrics.jsonl (a scratch purge?)" in said[0]
+
+    rd.config.unlink()
+    (tmp_path / "mirror" / "config.yaml").write_bytes(b"damaged")
+    with pytest.raises(StoryNotRestored, match=r"could not give it back whole.*jobs pull"):
+        restore_story(rd, url, said.append)
+    assert "not brought back: config.yaml" in said[-1] and not rd.config.exists()
+    with pytest.raises(StoryNotRestored, match=r"holds no run.*trained nothing.*HINT"):
+        restore_story(rd, str(tmp_path / "empty"), said.append)
+    other = RunDir(tmp_path / "other")
+    with pytest.raises(StoryNotRestored, match="holds the run of"):
+        restore_story(other, url, said.append)
+
+
+def test_two_elements_of_a_sweep_may_not_share_a_mirror() -> None:
+    from hpc_train.config import Config, MLPConfig, SGDConfig, TrainerConfig
+    from hpc_train.launch.sweep import _check_own_mirrors
+
+    def element(mirror: str) -> Config:
+        return Config(model=MLPConfig(), optim=SGDConfig(), trainer=TrainerConfig(mirror=mirror))
+
+    _check_own_mirrors([element(""), element(""), element("/m/0"), element("/m/1")])
+    with pytest.raises(ConfigError, match=r"sweep elements 1 and 2 both have trainer.mirror='/m/1'.*hydra:job.num"):
+        _check_own_mirrors([element("/m/0"), element("/m/1"), element("/m/1")])

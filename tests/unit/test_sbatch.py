@@ -309,3 +309,25 @@ def test_a_python_path_with_a_space_is_one_executable(tmp_path: Path) -> None:
     python.parent.mkdir()
     python.touch()
     assert slurm(python=str(python)).python == str(python)
+
+
+def test_the_supervisor_is_told_each_run_dirs_mirror_quoted(tmp_path: Path) -> None:
+    """The mirror reaches the supervisor from the script, not from the run dir (a scratch purge may empty that)."""
+    dirs = [tmp_path / f"{i} {HOSTILE}" for i in range(2)]
+    mirrors = [f"/mirrors/{i} {HOSTILE}" for i in range(2)]
+    for d in dirs:
+        d.mkdir()
+    python = _fake_python(tmp_path / "bin", 0)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(job_spec(slurm(), dirs, tmp_path, python=python, mirrors=mirrors)))
+    env = {**os.environ, "SLURM_JOB_ID": "9", "SLURM_ARRAY_TASK_ID": "1", "ARGS": str(tmp_path / "args")}
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=30)
+    assert (tmp_path / "args").read_text().splitlines()[-3:] == [str(dirs[1]), "--mirror", mirrors[1]]
+    assert not list(tmp_path.rglob("x")), "a quoted value was executed"
+
+    script.write_text(render_sbatch(job_spec(slurm(), dirs[:1], tmp_path, python=python, mirrors=mirrors[:1])))
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=30)
+    assert (tmp_path / "args").read_text().splitlines()[-3:] == [str(dirs[0]), "--mirror", mirrors[0]]
+    assert "--mirror" not in render_sbatch(job_spec(slurm(), dirs[:1], tmp_path, python=python, mirrors=[""]))
+    with pytest.raises(ConfigError, match="control character"):
+        render_sbatch(job_spec(slurm(), dirs[:1], tmp_path, python=python, mirrors=["/m\n$(touch x)"]))
