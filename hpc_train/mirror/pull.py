@@ -6,6 +6,7 @@ supervisor brings back the story of a run dir that a scratch purge emptied while
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -77,6 +78,7 @@ def restore_story(rd: RunDir, url: str, say: Callable[[str], None]) -> Pulled | 
     mirror cannot give config.yaml back."""
     if rd.config.is_file():
         return None
+    started = time.monotonic()
     try:
         store = Store(url)
         ledger = read_ledger(store)
@@ -93,7 +95,11 @@ def restore_story(rd: RunDir, url: str, say: Callable[[str], None]) -> Pulled | 
         say(f"WARNING: mirror {url}: not brought back: {line}")
     if not rd.config.is_file():
         raise _not_restored(rd, url, f"the mirror {url} could not give it back whole")
-    say(f"{rd.path} had lost {', '.join(done.pulled)} (a scratch purge?): brought back verified from the mirror {url}")
+    took = time.monotonic() - started
+    say(
+        f"{rd.path} had lost {', '.join(done.pulled)} (a scratch purge?): brought back verified from the mirror {url} "
+        f"in {took:.1f} s"
+    )
     return done
 
 
