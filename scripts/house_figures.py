@@ -7,6 +7,9 @@
 - (issue 24) untyped records: ``dict[str, Any]`` annotations and ``.get("key")`` reads in the package, and its
   ``type: ignore`` comments; the config modules and their lengths; the attributes ``Trainer.__init__`` sets;
   the lengths of the trainer and the supervisor.
+- (issue 47) the dict readers of the rank statuses against the typed ones, the failure-kind and exit-code
+  literals, the places that work out the attempt number, function-level imports, import loops between the
+  package's modules (module-level imports), and the README's length.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def main() -> None:
     where = ", ".join(f"{name} ({count})" for name, count in states.items())
     print(f"rank-state string literals: {sum(states.values())} in {len(states)} files: {where}")
     records(root)
+    house(root)
 
 
 def init_attributes(path: Path, cls: str) -> int:
@@ -137,6 +141,145 @@ def records(root: Path) -> None:
         if re.search(r'environ(\.get\(|\[)\s*("SLURM_RESTART_COUNT"|"HPC_TRAIN_ATTEMPT"|ATTEMPT_VARIABLE)', t)
     )
     print(f"modules that read the restart count or attempt from the environment: {len(readers)} ({', '.join(readers)})")
+
+
+FAILURE_KINDS = {"killed", "node_lost", "collective", "hang", "exception", "unknown"}
+FAILURE_KINDS |= {"repeated_exception", "import", "config", "diverged"}
+ATTEMPT_DERIVERS = ("def next_attempt", "def _ran_before", "def next_number", "def attempt(self)", "def restart(self)")
+"""Definitions that work out an attempt number (issue 47: one owner, ``JobIdentity``)."""
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.Module, name: str, is_package: bool) -> tuple[set[str], set[str], int]:
+    """The hpc_train modules imported at module level, those imported inside functions, and the count of
+    function-level imports of hpc_train modules (a nested function's counted once per enclosing function)."""
+    top: set[str] = set()
+    base = name if is_package else name.rpartition(".")[0]
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {a.name for a in node.names if a.name.startswith("hpc_train")}
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                module = ".".join([*base.split(".")[: len(base.split(".")) - node.level + 1], module]).strip(".")
+            if module.startswith("hpc_train"):
+                top.add(module)
+                top |= {f"{module}.{a.name}" for a in node.names}
+    module_level = {
+        id(n)
+        for stmt in tree.body
+        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for n in ast.walk(stmt)
+    }
+    inner: set[str] = set()
+    count = 0
+    for imp in ast.walk(tree):
+        if id(imp) in module_level:
+            continue
+        if isinstance(imp, ast.ImportFrom) and (imp.module or "").startswith("hpc_train"):
+            count += 1
+            inner |= {imp.module or ""} | {f"{imp.module}.{a.name}" for a in imp.names}
+        elif isinstance(imp, ast.Import) and any(a.name.startswith("hpc_train") for a in imp.names):
+            count += 1
+            inner |= {a.name for a in imp.names}
+    return top, inner, count
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def house(root: Path) -> None:
+    package = sorted(root.glob("hpc_train/**/*.py"))
+    texts = {p: p.read_text() for p in package}
+    dict_readers = sum(len(re.findall(r"\.read_statuses\(", t)) for t in texts.values())
+    typed_readers = sum(len(re.findall(r"\.rank_statuses\(", t)) for t in texts.values())
+    print(f"rank statuses read as dicts (read_statuses): {dict_readers}; typed (rank_statuses): {typed_readers}")
+    kinds, exits = 0, {130: 0, 1: 0, 2: 0}
+    for text in texts.values():
+        tree = ast.parse(text)
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in FAILURE_KINDS and id(node) not in skip:
+                kinds += text is texts.get(root / "hpc_train/runtime/failures.py")
+            if isinstance(node, ast.Constant) and node.value == 130 and type(node.value) is int:
+                exits[130] += 1
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                "SystemExit",
+                "exit",
+            ):
+                arg = node.args[0] if node.args else None
+                if isinstance(arg, ast.Constant) and arg.value in (1, 2) and type(arg.value) is int:
+                    exits[arg.value] += 1
+    print(
+        f"failure-kind string literals in runtime/failures.py: {kinds}; the literal 130: {exits[130]}; SystemExit/sys.exit(1): {exits[1]}, "
+        f"(2): {exits[2]}"
+    )
+    derivers = [
+        f"{p.relative_to(root).as_posix()}:{d.removeprefix('def ')}"
+        for p, t in texts.items()
+        for d in ATTEMPT_DERIVERS
+        if d + "(" in t or d in t
+    ]
+    print(f"definitions that work out an attempt number: {len(derivers)}: {', '.join(derivers)}")
+    graph: dict[str, set[str]] = {}
+    hidden: dict[str, set[str]] = {}
+    inner: dict[str, int] = {}
+    modules = {_module_name(root, p) for p in package}
+    for path, text in texts.items():
+        name = _module_name(root, path)
+        top, late, count = _imports(ast.parse(text), name, path.name == "__init__.py")
+        graph[name] = {m for m in top if m in modules and m != name}
+        hidden[name] = graph[name] | {m for m in late if m in modules and m != name}
+        if count:
+            inner[name] = count
+    most = ", ".join(f"{n} ({c})" for n, c in sorted(inner.items(), key=lambda kv: -kv[1])[:4])
+    print(f"function-level imports of hpc_train modules: {sum(inner.values())} in {len(inner)} modules; most in {most}")
+
+    # A package's __init__ re-exports its modules: only loops between plain modules are counted.
+    def plain(g: dict[str, set[str]]) -> dict[str, set[str]]:
+        return {n: {m for m in v if not (root / m.replace(".", "/") / "__init__.py").exists()} for n, v in g.items()}
+
+    for what, g in (("module-level imports", graph), ("with function-level imports", hidden)):
+        loops = [
+            c for c in _cycles(plain(g)) if not any((root / m.replace(".", "/") / "__init__.py").exists() for m in c)
+        ]
+        shown = "; ".join(" <-> ".join(c) for c in loops) or "none"
+        print(f"import loops between modules ({what}): {len(loops)}: {shown}")
+    readme = root / "README.md"
+    print(f"README: {lines(readme)} lines; docs pages: {len(list((root / 'docs').glob('**/*.md')))}")
 
 
 if __name__ == "__main__":
