@@ -21,12 +21,13 @@ from hpc_train.config import (
     environment_keys,
     hydra_quoted,
     register_configs,
+    script_args_as_one_string,
     slurm_alias_overrides,
 )
 from hpc_train.core.errors import ConfigError, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
-from hpc_train.core.signals import composed, hold_while_composing
+from hpc_train.core.signals import composed
 from hpc_train.launch import claim_run_dir, finished_message, finished_step, write_config
 from hpc_train.launch.preflight import preflight
 
@@ -69,25 +70,23 @@ def _config_error(exc: ConfigError) -> NoReturn:
 
 
 def main() -> None:
-    """``hpc-train`` / ``python -m hpc_train`` (through ``hpc_train.__main__``, which guards Ctrl-C)."""
+    """``hpc-train`` / ``python -m hpc_train``, through ``hpc_train.__main__``, which holds Ctrl-C and SIGTERM from
+    before this module is imported until the config is composed (``_app`` says when, or ``__main__`` once this
+    returns): registering the schemas and composing run under that one hold."""
     if {"-h", "--help"} & set(sys.argv[1:]):
         from hpc_train.tools.cli_help import help_text
 
         print(help_text(sys.argv[1:]))
         return
     try:
-        sys.argv[1:] = with_passthrough(sys.argv[1:])
+        sys.argv[1:] = script_args_as_one_string(with_passthrough(sys.argv[1:]))
         check_overrides(sys.argv[1:])
         sys.argv[1:] = slurm_alias_overrides(sys.argv[1:])  # after the checks, whose hints keep your spelling
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    hold_while_composing()
-    try:
-        register_configs()  # under the hold: OmegaConf cut halfway fails with an error that hides the Ctrl-C
-        _app()
-    finally:
-        composed()  # (Hydra printed the config, or refused it, without running the app)
+    register_configs()
+    _app()
 
 
 def with_passthrough(argv: list[str]) -> list[str]:

@@ -70,6 +70,7 @@ from hpc_train.config.overrides import (
     chosen_option_keys,
     hydra_quoted,
     override_keys,
+    script_args_as_one_string,
     slurm_alias_overrides,
 )
 from hpc_train.config.registry import CONFIG_MODULE, register_configs
@@ -147,5 +148,6 @@ __all__ = [
     "override_keys",
     "register_configs",
     "resolve",
+    "script_args_as_one_string",
     "slurm_alias_overrides",
 ]

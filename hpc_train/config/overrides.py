@@ -95,6 +95,24 @@ def hydra_quoted(text: str) -> str:
     return f"'{escaped}'"
 
 
+_SWEEP_FUNCTION = re.compile(r"(choice|range|interval|glob|sort|shuffle|tag|int|float|str|bool|json_str)\(")
+_SCRIPT_ARGS = re.compile(r"(\+{0,2}script\.args)=(.*)", re.DOTALL)
+
+
+def script_args_as_one_string(argv: list[str]) -> list[str]:
+    """``script.args=--out x --lr=1e-3``, as the shell leaves ``script.args="--out x --lr=1e-3"``, is one string
+    of arguments for the script: it is quoted for Hydra here, whose grammar would read the ``=`` and the commas
+    itself. A list (``[...]``), a value already quoted, and a sweep function (``choice(...)``) stay as written."""
+    out = []
+    for arg in argv:
+        match = _SCRIPT_ARGS.fullmatch(arg)
+        value = match.group(2) if match else ""
+        if match and value and value[0] not in "['\"" and not _SWEEP_FUNCTION.match(value):
+            arg = f"{match.group(1)}={hydra_quoted(value)}"
+        out.append(arg)
+    return out
+
+
 def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> None:
     """Every check of command-line overrides that runs before Hydra composes: the syntax Hydra's grammar would
     reject with an unhelpful message, then keys that neither the schema nor the chosen option files know.

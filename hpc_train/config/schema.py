@@ -39,7 +39,8 @@ class ScriptConfig(Checked):
     --no-python; it must be found on PATH when the run is submitted."""
     args: Any = field(default_factory=list)
     """Its command-line arguments: a list (script.args=[--epochs,3]), or one string split like a shell would
-    (script.args='--tag "a,b" --lr=1e-3'), or everything after a lone -- on the command line
+    (script.args="--out x --lr=1e-3": on the command line the value is taken as written, = and commas
+    included), or everything after a lone -- on the command line
     (hpc-train script.path=train.py -- --tag "a,b" --lr=1e-3)."""
     torchrun_env: bool = True
     """Give the script the variables torchrun would (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). false runs a

@@ -163,6 +163,33 @@ def test_words_after_a_lone_dash_dash_become_one_script_args_override() -> None:
         with_passthrough(["script.args=[--x]", "--", "--y"])
 
 
+def test_script_args_typed_in_a_shell_are_one_string_of_arguments(tmp_path: Path) -> None:
+    """`hpc-train script.path=train.py script.args="--out x --lr=1e-3"`: the shell strips the quotes, and Hydra's
+    grammar cannot read the = or a comma; the value is one string of arguments for the script, as written."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hpc_train.config import ScriptConfig, script_args_as_one_string
+
+    typed = "--out x --lr=1e-3 --tags a,b --name it's"
+    (arg,) = script_args_as_one_string([f"script.args={typed}"])
+    value = OverridesParser.create().parse_overrides([arg])[0].value()
+    assert value == typed and ScriptConfig(args='--out x --lr=1e-3 --tags a,b').argv[-1] == "a,b"
+    kept = ["script.args=[--a,b]", "script.args='x y'", "script.args=choice('--a 1','--a 2')", "x=1", "script.args="]
+    assert script_args_as_one_string(kept) == kept  # a list, a quoted string, a sweep, nothing: as written
+    assert script_args_as_one_string(["+script.args=--b=2"]) == ["+script.args='--b=2'"]
+    script = tmp_path / "train.py"
+    script.write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train", f"script.path={script}", "script.args=--out x --lr=1e-3,b", "--cfg", "job"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "  args: --out x --lr=1e-3,b\n" in proc.stdout, proc.stdout
+
+
 def test_options_picked_beyond_the_command_line_are_left_to_hydra(tmp_path: Path) -> None:
     from hpc_train.config import check_overrides
 
