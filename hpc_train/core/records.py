@@ -41,6 +41,7 @@ __all__ = [
     "BadNode",
     "Failure",
     "Growth",
+    "Interrupted",
     "MirrorLedger",
     "MirrorOrigin",
     "MirrorStatus",
@@ -928,4 +929,22 @@ class MirrorOrigin(_Record):
         "store": _Key("is not a string", _string, required=True),
         "run": _Key("is not a path", _string, required=True),
         "time": _Key("is not a time stamp", _number, required=True),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interrupted(_Record):
+    """A local launcher ended its job on Ctrl-C or SIGTERM (``status/interrupted.json``): what ``jobs status`` says
+    of a run whose ranks were stopped before any of them wrote a status, or while they were all still starting."""
+
+    job_id: str
+    """The local job's id (submitit's controller)."""
+    time: float
+    run: str
+    """The run dir it was written for (``RunDir.clear_statuses`` deletes only its own)."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "job_id": _Key("is not a job id", _string, required=True),
+        "time": _Key("is not a time stamp", _number, required=True),
+        "run": _Key("is not a run dir's path", _string, required=True),
     }

@@ -33,6 +33,9 @@ scripts and later tools find a run's outputs by them, and every module here reac
     status/trackers.json       the MLflow / W&B run that holds this run dir, and the latest step logged to it
     status/batch_exit.json     srun's exit status, written by the sbatch script's teardown
     status/cancel.json         `jobs cancel` of one member of a pack (cluster.pack): its supervisor ends it alone
+    status/interrupted.json    a local launcher ended its job on Ctrl-C (jobs status: STOPPED during start-up)
+    status/mirror.json         rank 0's latest word on the mirror (trainer.mirror): what it holds, the last error
+    status/pulled.json         where `jobs pull` brought the run dir from
     status/progress_<r>.json   the steps this attempt made, with times (the trainer's rank 0, or a user's script
                                through hpc_train.preemption), at the rank's end; while it runs, in the node's summary
     submitit/                  submitit's pickles, the raw stdout/stderr of each task, controller.log (the local
@@ -64,6 +67,7 @@ from hpc_train.core.records import (
     AttemptRecord,
     BadNode,
     Growth,
+    Interrupted,
     MirrorOrigin,
     MirrorStatus,
     NodeSummary,
@@ -515,6 +519,18 @@ class RunDir:
         return MirrorStatus.salvage(read_json(self.mirror_status))[0]
 
     @property
+    def interrupted(self) -> Path:
+        """A local launcher's Ctrl-C (``Interrupted``)."""
+        return self.status_dir / "interrupted.json"
+
+    def write_interrupted(self, job_id: str) -> None:
+        record = Interrupted(job_id=job_id, time=time.time(), run=str(self.path.resolve()))
+        write_json_atomic(self.interrupted, record.to_json())
+
+    def interruption(self) -> Interrupted | None:
+        return Interrupted.salvage(read_json(self.interrupted))[0]
+
+    @property
     def pulled(self) -> Path:
         """Where ``jobs pull`` brought this run dir from (``MirrorOrigin``)."""
         return self.status_dir / "pulled.json"
@@ -735,7 +751,7 @@ class RunDir:
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
-        own = ("rank_*.json", "progress_*.json", "node_*.json")
+        own = ("rank_*.json", "progress_*.json", "node_*.json", self.interrupted.name)
         for path in [p for pattern in own for p in self.status_dir.glob(pattern)]:
             if self._wrote(path):
                 path.unlink(missing_ok=True)

@@ -92,6 +92,7 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
                 return follow(job, run_dir, cfg.cluster, interrupted=bool(interrupted))
         except KeyboardInterrupt:  # a second Ctrl-C, or one before follow() took over: end the ranks now
             _stop(job, run_dir.submitit)
+            _note_interrupted(run_dir, job.job_id)
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
             )
@@ -289,6 +290,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig, interrup
     except KeyboardInterrupt:
         if not _checkpoint_and_stop(job, run_dir, tails, cluster, lambda: _any_failed(run_dir, paths, ranks)):
             _stop(job, run_dir.submitit)
+            _note_interrupted(run_dir, job.job_id)
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
             )
@@ -296,6 +298,15 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig, interrup
     for tail in tails:
         tail.pump()
     return _outcome(run_dir, paths, cluster.world_size, reason)
+
+
+def _note_interrupted(run_dir: RunDir, job_id: str) -> None:
+    """The launcher ended the job on a signal: ``jobs status`` reads the run as STOPPED when no rank got past its
+    start-up (``launch.state``), rather than as a run nothing is known of."""
+    try:
+        run_dir.write_interrupted(job_id)
+    except OSError as exc:  # the run dir's file system: the line the launcher prints says it all the same
+        print(f"hpc_train: could not record the interruption in {run_dir.status_dir}: {exc}", file=sys.stderr)
 
 
 def _checkpoint_and_stop(

@@ -10,10 +10,12 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hpc_train.core import owner
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
 from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, RequeueEntry, Reshape
 from hpc_train.core.rundir import RunDir
@@ -292,9 +294,21 @@ def _without_scheduler(
 ) -> JobState:
     """A run with no scheduler job (cluster=local or debug): the ranks' files, and whether the processes that
     wrote them still run (a rank killed, or whose terminal was closed, never writes its end)."""
-    if not statuses:
-        return verdict("UNKNOWN", done=False, detail="no job id and no rank status in this run dir")
+    interrupted = run_dir.interruption()
     alive = {rank: rank_process_alive(s) for rank, s in statuses.items() if is_live(s)}
+    starting = all(str(s.get("state")) == RankState.STARTING.value for s in statuses.values())
+    if interrupted is not None and starting and not any(up is not False for up in alive.values()):
+        detail = (
+            f"stopped during start-up (local job {interrupted.job_id} ended on Ctrl-C at "
+            f"{time.strftime('%H:%M:%S', time.localtime(interrupted.time))}): nothing trained; start it again: "
+            f"{resume_command(run_dir)}"
+        )
+        return verdict("STOPPED", done=True, detail=detail)
+    if not statuses and owner.current_owner(run_dir.path) is not None:
+        return verdict("STARTING", done=False, detail="its launcher runs; no rank has written a status yet")
+    if not statuses:  # and nobody launches it: the launch ended (Ctrl-C, an error) before a rank started
+        detail = f"the launch ended before any rank started: nothing trained; start it again: {resume_command(run_dir)}"
+        return verdict("STOPPED", done=True, detail=detail)
     running = sorted(rank for rank, up in alive.items() if up is not False)
     failures = rank_failures(statuses, gone=lambda status: rank_process_alive(status) is False)
     if failures:

@@ -32,6 +32,15 @@ def save(fig: Any, path: Path) -> Path:
     return path
 
 
+def legend_above(ax: Any, *others: Any) -> None:
+    """One legend for ``ax`` and its twins, above the plot area: it covers no data and no axis."""
+    handles, labels = ax.get_legend_handles_labels()
+    for other in others:
+        more = other.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2, frameon=False, fontsize="small")
+
+
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     points = [(r["step"], r[key]) for r in rows if key in r]
     return [p[0] for p in points], [p[1] for p in points]
@@ -53,9 +62,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         ax.plot(*_series(rows, "val_loss"), "o-", label="validation loss (exact, all ranks)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
-    ax.set_title(rd.path.name)
+    fig.suptitle(rd.path.name, fontsize="medium")
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_above(ax)
     save(fig, out / "loss.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -68,7 +77,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     lr_ax.plot(*_series(rows, "lr"), color="tab:gray", alpha=0.6, label="learning rate")
     lr_ax.set_ylabel("learning rate")
     ax.grid(alpha=0.3)
-    fig.legend(loc="lower right")
+    fig.suptitle(rd.path.name, fontsize="medium")
+    legend_above(ax, lr_ax)
     save(fig, out / "metrics.png")
     return [out / "loss.png", out / "metrics.png"]
 
@@ -83,5 +93,5 @@ def plot_compare(run_dirs: list[Path], path: Path, key: str = "val_loss") -> Pat
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_above(ax)
     return save(fig, path)

@@ -242,6 +242,15 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_the_run(tmp_path: Path, after_s: 
         assert (run_dir / "checkpoints" / f"step_{steps.pop():09d}.pt").is_file()
     else:
         assert "interrupted" in err, err[-2000:]
+    if (run_dir / "config.yaml").is_file():  # the launch got that far: the run reads as stopped, never UNKNOWN
+        status = subprocess.run(
+            [sys.executable, "-m", "hpc_train.jobs", "status", "--json", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        (state,) = json.loads(status.stdout)
+        assert state["state"] == "STOPPED", state
 
 
 # A validation of 54,000 samples in batches of 4 (6,750 batches a rank): seconds long, against a step of

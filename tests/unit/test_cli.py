@@ -173,7 +173,7 @@ def test_script_args_typed_in_a_shell_are_one_string_of_arguments(tmp_path: Path
     typed = "--out x --lr=1e-3 --tags a,b --name it's"
     (arg,) = script_args_as_one_string([f"script.args={typed}"])
     value = OverridesParser.create().parse_overrides([arg])[0].value()
-    assert value == typed and ScriptConfig(args='--out x --lr=1e-3 --tags a,b').argv[-1] == "a,b"
+    assert value == typed and ScriptConfig(args="--out x --lr=1e-3 --tags a,b").argv[-1] == "a,b"
     kept = ["script.args=[--a,b]", "script.args='x y'", "script.args=choice('--a 1','--a 2')", "x=1", "script.args="]
     assert script_args_as_one_string(kept) == kept  # a list, a quoted string, a sweep, nothing: as written
     assert script_args_as_one_string(["+script.args=--b=2"]) == ["+script.args='--b=2'"]

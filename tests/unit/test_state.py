@@ -570,3 +570,61 @@ def test_jobs_status_reads_the_nodes_summaries_once_per_run_dir(
     assert jobs_main(["status", str(rd.path)]) == 0
     assert "imports 4.00 (rank 5, n3)" in capsys.readouterr().out  # the summaries were read, and used
     assert sorted(reads) == ["node_n1.json", "node_n2.json", "node_n3.json"], reads
+
+
+def test_a_run_stopped_before_a_rank_started_reads_stopped_with_the_command_to_start_it_again(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the ranks are still starting: the local launcher ends its job and says so in the run dir
+    (status/interrupted.json), so the run reads STOPPED, nothing trained, not UNKNOWN. A run dir nobody launches
+    and no rank ever wrote to reads the same; one whose launcher still runs is STARTING."""
+    from hpc_train.core import owner
+
+    rd = run_dir_with(tmp_path, None, {})
+    rd.overrides.write_text('["trainer.max_steps=5"]\n')
+    rd.status_dir.mkdir()
+    with owner.claim(rd.path, "local", heartbeat=False):
+        assert (job_state(rd, 2).state, job_state(rd, 2).done) == ("STARTING", False)
+    state = job_state(rd, 2)
+    assert (state.state, state.done) == ("STOPPED", True)
+    assert "the launch ended before any rank started: nothing trained; start it again: python -m hpc_train" in (
+        state.detail
+    )
+    rd.write_interrupted("4242")
+    rd.write_status(0, "starting", pid=2**22 + 7)  # a rank that was still starting, ended with its job
+    state = job_state(rd, 2)
+    assert (state.state, state.done) == ("STOPPED", True)
+    assert "stopped during start-up (local job 4242 ended on Ctrl-C" in state.detail
+    assert (
+        "start it again: python -m hpc_train hydra.run.dir=" in state.detail and "trainer.max_steps=5" in state.detail
+    )
+    rd.clear_statuses()  # a new launch
+    assert not rd.interrupted.exists()
+
+
+def test_the_run_plots_legends_cover_no_data_and_no_axis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each legend of plots/loss.png and plots/metrics.png sits above the plot area, clear of its lines, its
+    ticks and its axis labels (the metrics plot's used to cover its x axis)."""
+    from hpc_train.train import plots
+
+    rd = RunDir(tmp_path / "run")
+    rd.path.mkdir()
+    rows = [{"step": s, "train_loss": 2.0 / s, "lr": 1e-3, "val_loss": 1.0 / s, "val_acc": 0.8} for s in (1, 2, 3)]
+    rd.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures: list[Any] = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: (fig.tight_layout(), figures.append(fig))[1] or path)
+    plots.plot_run(rd.path)
+    assert len(figures) == 2
+    for fig in figures:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (legend,) = [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(renderer)), "the legend covers the plot area"
+            for label in (ax.xaxis.label, ax.yaxis.label):
+                assert not box.overlaps(label.get_window_extent(renderer)), "the legend covers an axis label"
+            axis = ax.xaxis.get_tightbbox(renderer)  # (None for a twin's hidden x axis)
+            assert axis is None or not box.overlaps(axis), "the legend covers the x axis"
+        assert box.y0 >= fig.axes[0].get_window_extent(renderer).y1
+        plots.pyplot().close(fig)
