@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from hpc_train.core.errors import ExitCode
+
 
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
@@ -35,7 +37,7 @@ def main() -> None:
         # it was handled here (exit status -2 instead of 130; seen in 2 of 40 tries): end with 130 ourselves.
         # Nothing was started that needs cleaning up, and both streams are flushed.
         sys.stdout.flush()
-        os._exit(130)
+        os._exit(ExitCode.INTERRUPTED)
 
 
 def _interrupted() -> str:

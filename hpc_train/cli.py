@@ -24,7 +24,7 @@ from hpc_train.config import (
     script_args_as_one_string,
     slurm_alias_overrides,
 )
-from hpc_train.core.errors import ConfigError, exit_plainly
+from hpc_train.core.errors import ConfigError, ExitCode, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
 from hpc_train.core.signals import composed
@@ -66,7 +66,7 @@ def _app(raw: DictConfig) -> None:
 
 def _config_error(exc: ConfigError) -> NoReturn:
     print(f"hpc_train: config error: {exc}", file=sys.stderr)
-    raise SystemExit(2) from None
+    raise SystemExit(ExitCode.USAGE) from None
 
 
 def main() -> None:
@@ -84,7 +84,7 @@ def main() -> None:
         sys.argv[1:] = slurm_alias_overrides(sys.argv[1:])  # after the checks, whose hints keep your spelling
     except ConfigError as exc:
         print(f"hpc_train: config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.USAGE) from None
     register_configs()
     _app()
 

@@ -10,13 +10,33 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import IntEnum
 
-EXIT_FATAL = 86
-"""A Slurm job's exit code after a fatal failure: not retried, not requeued (the class is in
-status/attempts.json and `jobs status`). Every reader takes it from here."""
-EXIT_GAVE_UP = 87
-"""A Slurm job's exit code when its failures were retryable but the limits are spent (cluster.slurm.max_failures,
-max_stalled_failures) or no healthy node is left."""
+
+class ExitCode(IntEnum):
+    """Every exit status hpc_train's commands, launchers, supervisors and ranks end with; every producer and reader
+    takes it from here."""
+
+    OK = 0
+    FAILED = 1
+    """A run that did not complete, or a command that could not do what it was asked (a launch error)."""
+    USAGE = 2
+    """Bad input (config, command line, a run dir that is not one): nothing was started."""
+    HUNG = 75
+    """A rank the watchdog ended: no step for trainer.watchdog_s (EX_TEMPFAIL: worth retrying)."""
+    FATAL = 86
+    """A Slurm job's exit code after a fatal failure: not retried, not requeued (the class is in
+    status/attempts.json and `jobs status`)."""
+    GAVE_UP = 87
+    """A Slurm job's exit code when its failures were retryable but the limits are spent
+    (cluster.slurm.max_failures, max_stalled_failures) or no healthy node is left."""
+    INTERRUPTED = 130
+    """Ended on Ctrl-C or SIGTERM (128 + SIGINT, as a shell reports it); a stop that checkpointed is resumable."""
+
+
+EXIT_FATAL = ExitCode.FATAL
+"""(The name the exit code had before ``ExitCode``: kept for code that imports it.)"""
+EXIT_GAVE_UP = ExitCode.GAVE_UP
 
 
 _failed_at: tuple[BaseException, int] | None = None
@@ -66,7 +86,7 @@ def exit_plainly(where: str = "") -> Iterator[None]:
         yield
     except ConfigError as exc:
         print(f"hpc_train: config error{where}, nothing was submitted: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(ExitCode.USAGE) from None
     except LaunchError as exc:
         print(f"hpc_train: nothing was submitted{where}: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(ExitCode.FAILED) from None

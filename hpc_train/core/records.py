@@ -109,9 +109,9 @@ class AttemptOutcome(_Text):
     FAILED = "failed"
     """A retryable failure (its ``failure`` says which); the supervisor may start another attempt."""
     FATAL = "fatal"
-    """A failure that is not retried or requeued: the job ended with EXIT_FATAL."""
+    """A failure that is not retried or requeued: the job ended with ExitCode.FATAL."""
     GAVE_UP = "gave_up"
-    """Retryable, but the limits were spent or no healthy node was left: the job ended with EXIT_GAVE_UP."""
+    """Retryable, but the limits were spent or no healthy node was left: the job ended with ExitCode.GAVE_UP."""
     LOST = "lost"
     """Its batch step was killed before it could record how the attempt ended."""
 

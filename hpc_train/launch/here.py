@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from hpc_train.config import Config
-from hpc_train.core.errors import ConfigError
+from hpc_train.core.errors import ConfigError, ExitCode
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.state import resume_command
@@ -80,6 +80,6 @@ def launch_here(cfg: Config, run_dir: RunDir) -> int:
     if outcome == "stopped":
         step = max((s.get("step") or 0 for s in run_dir.read_statuses().values()), default=0)
         print(f"hpc_train: stopped at step {step} on a signal.\n  resume: {resume_command(run_dir)}", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     print(f"hpc_train: training in allocation {job}: {outcome}. Run dir: {run_dir.path}", flush=True)
     return code

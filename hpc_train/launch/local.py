@@ -35,6 +35,7 @@ from submitit.local.local import LocalJob
 
 from hpc_train.config import ClusterConfig, Config
 from hpc_train.core import owner
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.files import Tail, last_lines
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.signals import sigterm_as_interrupt
@@ -96,7 +97,7 @@ def launch_local(cfg: Config, run_dir: RunDir) -> int:
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
             )
-            return 130
+            return ExitCode.INTERRUPTED
     finally:
         with suppress(OSError):  # said before the pipe closes: a launcher that dies never says it
             os.write(tell_watcher, DONE)
@@ -131,11 +132,11 @@ def launch_debug(cfg: Config, run_dir: RunDir) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            return 130
+            return ExitCode.INTERRUPTED
         print(f"hpc_train: the rank completed in this process (cluster=debug). Run dir: {run_dir.path}", flush=True)
         return 0
     print(f"hpc_train: the job failed in this process (cluster=debug): {why}. Run dir: {run_dir.path}", file=sys.stderr)
-    return 1
+    return ExitCode.FAILED
 
 
 def _start_watcher(run_dir: RunDir) -> tuple[subprocess.Popen[bytes], int]:
@@ -294,7 +295,7 @@ def follow(job: LocalJob[Any], run_dir: RunDir, cluster: ClusterConfig, interrup
             print(
                 f"\nhpc_train: interrupted; cancelled local job {job.job_id}. Run dir: {run_dir.path}", file=sys.stderr
             )
-            return 130
+            return ExitCode.INTERRUPTED
     for tail in tails:
         tail.pump()
     return _outcome(run_dir, paths, cluster.world_size, reason)
@@ -358,7 +359,7 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
             file=sys.stderr,
             flush=True,
         )
-        return 130
+        return ExitCode.INTERRUPTED
     failures = _failures(run_dir, paths)
     lines = [f"hpc_train: job FAILED. Run dir: {run_dir.path}"]
     if reason:
@@ -382,4 +383,4 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
         if not failures and missing:
             lines.append(last_lines(paths[missing[0]].stderr))
     print("\n".join(lines), file=sys.stderr, flush=True)
-    return 1
+    return ExitCode.FAILED

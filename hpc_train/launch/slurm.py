@@ -23,7 +23,7 @@ from typing import Any
 
 from hpc_train.config import Config
 from hpc_train.core import owner
-from hpc_train.core.errors import LaunchError
+from hpc_train.core.errors import ExitCode, LaunchError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.signals import held
@@ -332,7 +332,7 @@ def follow_slurm(run_dir: RunDir, world_size: int, limit_s: float, rank: int = 0
         return _follow(run_dir, world_size, limit_s, rank)
     except KeyboardInterrupt:
         _stop_following(run_dir, "interrupted")
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
@@ -354,5 +354,5 @@ def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
             return 0 if state.ok else 1
         if time.monotonic() > deadline:
             _stop_following(run_dir, f"stopped following after {limit_s:.0f}s with {job} {state.state}")
-            return 1
+            return ExitCode.FAILED
         time.sleep(POLL_S)

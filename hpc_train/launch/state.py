@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpc_train.core import owner
-from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, RequeueEntry, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
@@ -167,10 +167,10 @@ def attempts_note(attempts: list[AttemptRecord]) -> str:
     last = attempts[-1]
     described = last.failure.describe() if last.failure is not None else "?"
     if last.outcome is AttemptOutcome.FATAL:
-        return f"attempt {last.attempt}: fatal failure, not retried or requeued (exit {EXIT_FATAL}): {described}"
+        return f"attempt {last.attempt}: fatal failure, not retried or requeued (exit {ExitCode.FATAL}): {described}"
     if last.outcome is AttemptOutcome.GAVE_UP:
         why = last.message or "?"
-        return f"attempt {last.attempt}: gave up (exit {EXIT_GAVE_UP}): {why}; last failure: {described}"
+        return f"attempt {last.attempt}: gave up (exit {ExitCode.GAVE_UP}): {why}; last failure: {described}"
     failures = [a.failure for a in attempts if a.failure is not None]
     retried = ""
     if failures:

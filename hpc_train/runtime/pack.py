@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpc_train.config import ClusterConfig, load_config
-from hpc_train.core.errors import LaunchError
+from hpc_train.core.errors import ExitCode, LaunchError
 from hpc_train.core.files import write_json_atomic
 from hpc_train.core.identity import PACK_VARIABLE, JobIdentity, in_pack
 from hpc_train.core.records import AttemptOutcome, RankState
@@ -144,7 +144,7 @@ class Pack:
                 requeue(self.job.slurm_job)
             except LaunchError as exc:
                 say(f"{exc}. The members' checkpoints are kept: resubmit the sweep's run dirs to resume")
-                return 1
+                return ExitCode.FAILED
             return 0
         return next((code for code in codes.values() if code), 0)
 

@@ -20,6 +20,8 @@ import sys
 import traceback
 from types import TracebackType
 
+from hpc_train.core.errors import ExitCode
+
 
 def release_distributed() -> None:
     """Collect DDP's cycles and destroy a process group the script left behind, while the interpreter is whole."""
@@ -44,7 +46,7 @@ def main(argv: list[str]) -> None:
         # The traceback as `python script.py` prints it: from the script's own first frame, without this
         # module's and runpy's (all of them when the error is ours: a script that cannot be found).
         traceback.print_exception(type(exc), exc, from_the_script(exc.__traceback__))
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)  # as the interpreter ends on an uncaught exception
 
 
 def from_the_script(tb: TracebackType | None) -> TracebackType | None:

@@ -10,11 +10,11 @@ allocation: no new job, no queue wait. The ranks resume from the newest complete
 - Nodes blamed for the failure go on the run's bad-node list (``status/bad_nodes.json``); with
   ``cluster.slurm.spare_nodes`` or ``cluster.min_nodes`` the next attempt runs without them: on spares, else on
   fewer nodes (down to ``cluster.min_nodes``, with the same global batch), and when even that many healthy nodes
-  are not left the job ends (EXIT_GAVE_UP). Without either the next attempt reuses the node.
+  are not left the job ends (ExitCode.GAVE_UP, 87). Without either the next attempt reuses the node.
 - At most ``cluster.slurm.max_failures`` restarts per job, and at most ``cluster.slurm.max_stalled_failures`` failed
-  attempts in a row without a new checkpoint; then the job ends (EXIT_GAVE_UP).
+  attempts in a row without a new checkpoint; then the job ends (ExitCode.GAVE_UP, 87).
 - A fatal failure (the same exception from the same step twice in a row, an import error, a config error)
-  ends the job at once (EXIT_FATAL), with no retry and no requeue.
+  ends the job at once (ExitCode.FATAL, 86), with no retry and no requeue.
 - A stop signal (preemption, the time limit, scancel) is the ranks' business: they checkpoint and requeue the
   job; the supervisor starts nothing more.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from hpc_train.config import load_config
 from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, Shape, fits_on, on_nodes
-from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP
+from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP, ExitCode
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, RankState, RankStatus, Reshape
@@ -163,8 +163,8 @@ class Supervisor:
             assert failure is not None  # an attempt that neither completed nor stopped failed
             if not failure.retryable:
                 self.ledger.save(replace(entry, outcome=AttemptOutcome.FATAL))
-                say(f"fatal failure, not retried and not requeued (exit {EXIT_FATAL}): {failure.describe()}")
-                return EXIT_FATAL
+                say(f"fatal failure, not retried and not requeued (exit {ExitCode.FATAL}): {failure.describe()}")
+                return ExitCode.FATAL
             why_not = self._refusal()
             if why_not is not None:
                 return self._give_up(entry, why_not)
@@ -444,10 +444,10 @@ class Supervisor:
         )
 
     def _give_up(self, entry: AttemptRecord | None, why: str) -> int:
-        say(f"giving up (exit {EXIT_GAVE_UP}): {why}")
+        say(f"giving up (exit {ExitCode.GAVE_UP}): {why}")
         if entry is not None:
             self.ledger.save(replace(entry, outcome=AttemptOutcome.GAVE_UP, message=why))
-        return EXIT_GAVE_UP
+        return ExitCode.GAVE_UP
 
 
 def _log_failure(failure: Failure) -> None:
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
             restore_story(RunDir(args.run_dir), args.mirror, lambda line: say(line, sys.stdout))
         except StoryNotRestored as exc:
             say(f"ERROR: {exc}")
-            sys.exit(EXIT_FATAL)
+            sys.exit(ExitCode.FATAL)
     for path in args.pack or [args.run_dir]:
         if not RunDir.holds_run(path):
             parser.error(f"{path}: no {RunDir(path).config.name} there")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_train.config import Config
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
@@ -70,7 +71,7 @@ def _run_rank(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> N
         rd.write_failure(env.rank, exc, attempt=job.stamp)
         with rd.rank_log(env.rank, job.attempt).open("a") as stream:
             stream.write(f"hpc_train: {exc}\nhpc_train: where the worker saw it:\n{traceback.format_exc()}")
-        raise SystemExit(1) from None
+        raise SystemExit(ExitCode.FAILED) from None
     except BaseException as exc:
         rd.write_failure(env.rank, exc, attempt=job.stamp)
         raise

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpc_train.core.errors import ConfigError
+from hpc_train.core.errors import ConfigError, ExitCode
 from hpc_train.core.files import atomic_write, read_json
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
@@ -397,7 +397,7 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
         output = record.get("slurm_output")
         if not output:
             print(f"{run_dir.path}: no Slurm output recorded (not a Slurm run?)", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         print(Path(output).read_text(errors="replace") if Path(output).exists() else f"({output} does not exist yet)")
         return 0
     if follow:
@@ -407,7 +407,7 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
     path = run_dir.rank_log(rank)
     if not path.exists():
         print(f"{path} does not exist yet (rank {rank} has not started)", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     sys.stdout.write(path.read_text(errors="replace"))
     return 0
 
@@ -438,7 +438,7 @@ def cmd_cancel(runs: list[RunDir]) -> int:
         proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode != 0:
             print(f"scancel failed: {proc.stderr.strip()}", file=sys.stderr)
-            return 1
+            return ExitCode.FAILED
         print(f"cancelled Slurm job(s) {' '.join(ids)}")
     return code
 
@@ -478,7 +478,7 @@ def cmd_restore_config(target: str) -> int:
     rd = RunDir(Path(target))
     if not rd.path.is_dir():
         print(f"hpc_train.jobs: {target}: no such directory. HINT: pass a run dir", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if rd.config.is_file() and not rd.config.is_symlink():
         try:
             load_config(rd.config)
@@ -490,7 +490,7 @@ def cmd_restore_config(target: str) -> int:
                 f"config of the newest checkpoint anyway, move it away first (mv {rd.config} {rd.config}.mine)",
                 file=sys.stderr,
             )
-            return 1
+            return ExitCode.FAILED
     else:
         problem = "missing" if not os.path.lexists(rd.config) else "not a regular file"
     found = find_resumable(rd.checkpoint_files())
@@ -501,7 +501,7 @@ def cmd_restore_config(target: str) -> int:
             f"hydra.run.dir={rd.path} <overrides> --cfg job` prints the config (overrides.json lists them)",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     checkpoint, state = found
     config = state.get("config")
     if not isinstance(config, dict):
@@ -511,7 +511,7 @@ def cmd_restore_config(target: str) -> int:
             "again with the overrides that made the run (overrides.json lists them)",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     text = OmegaConf.to_yaml(OmegaConf.create(config))
     staged = rd.path / f".{rd.config.name}.restored"
     atomic_write(staged, lambda f: f.write(text.encode()))
@@ -525,7 +525,7 @@ def cmd_restore_config(target: str) -> int:
             "checkpoint of another hpc_train version? Restore with that version, or write the config again",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     kept = ""
     if os.path.lexists(rd.config):
         damaged = _free_name(rd.path / f"{rd.config.name}.damaged")
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_logs(runs[0], args.rank, args.slurm, args.follow, args.timeout)
     except (TargetError, ConfigError) as exc:  # a run dir whose config.yaml no longer validates
         print(f"hpc_train.jobs: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
 
 
 if __name__ == "__main__":

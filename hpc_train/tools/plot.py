@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.plots import plot_compare, plot_run, pyplot, save
 
@@ -35,13 +36,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(plot_timeline(run_dir))
             except ValueError as exc:
                 print(f"hpc_train.plot: {exc}", file=sys.stderr)
-                return 2
+                return ExitCode.USAGE
         return 0
     for run_dir in args.run_dirs:
         metrics = RunDir(run_dir).metrics
         if not metrics.is_file():
             print(f"hpc_train.plot: {run_dir} has no metrics yet ({metrics} does not exist)", file=sys.stderr)
-            return 2
+            return ExitCode.USAGE
         for path in plot_run(run_dir):
             print(path)
     if args.compare:

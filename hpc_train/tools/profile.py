@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.searchpath import user_config_dirs, user_profile_dir
 from hpc_train.core.textutil import format_table
 from hpc_train.launch.facts import ClusterFacts, Partition, read_live
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "run this on a login node of the cluster",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     print(table(facts))
     if facts.accounts is not None:
         print(f"accounts: {', '.join(facts.accounts)}; QoS: {', '.join(facts.qos or ())}")

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from hpc_train.core.errors import ExitCode
 from hpc_train.core.records import MirrorOrigin
 from hpc_train.core.rundir import RunDir
 from hpc_train.mirror import Store, read_ledger
@@ -31,10 +32,10 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
         ledger = read_ledger(store)
     except Exception as exc:  # noqa: BLE001 - the store's library: unreachable, no credentials, unknown scheme
         print(f"hpc_train.jobs: mirror {mirror} could not be read: {describe_error(exc)}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     if ledger is None or not ledger.files:
         print(f"hpc_train.jobs: {mirror} holds no mirrored run (no {store.path('mirror.json')})", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     rd = RunDir(run_dir)
     rd.status_dir.mkdir(parents=True, exist_ok=True)
     done = pull_files(store, ledger.files, rd, replace=True)
@@ -51,4 +52,4 @@ def cmd_pull(mirror: str, run_dir: Path) -> int:
     )
     for line in done.damaged:
         print(f"hpc_train.jobs: WARNING: not pulled, damaged in the mirror: {line}", file=sys.stderr)
-    return 1 if done.damaged else 0
+    return ExitCode.FAILED if done.damaged else ExitCode.OK

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_train.core.errors import ConfigError, LaunchError
+from hpc_train.core.errors import ConfigError, ExitCode, LaunchError
 from hpc_train.core.textutil import format_table
 from hpc_train.tools.api import Run, compose_config, submit
 
@@ -199,13 +199,13 @@ def main(argv: list[str] | None = None) -> int:
             compose_config(*args.overrides, *point.overrides())
     except (ConfigError, ValueError) as exc:
         print(f"hpc_train.scaling: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         values = run_study(points, args.overrides, args.out.resolve(), args.timeout)
     except LaunchError as exc:
         print(f"hpc_train.scaling: a run failed, no table: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     table = summarize(points, values)
     best = recommend(table, args.threshold)
     (args.out / "scaling.json").write_text(

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable
 from typing import IO
 
+from hpc_train.core.errors import ExitCode
+
 __all__ = ["EXIT_CODE", "FROZEN", "Watchdog"]
 
-EXIT_CODE = 75
+EXIT_CODE = ExitCode.HUNG
 FROZEN = "This rank was itself not running"
 """In the watchdog's report of a rank that was frozen: the supervisor blames its node."""
 log = logging.getLogger(__name__)
