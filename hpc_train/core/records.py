@@ -40,6 +40,7 @@ __all__ = [
     "AttemptRecord",
     "BadNode",
     "Failure",
+    "FailureKind",
     "Growth",
     "Interrupted",
     "MirrorLedger",
@@ -59,9 +60,6 @@ __all__ = [
     "StragglerReport",
     "TrackerRun",
 ]
-
-RETRYABLE_KINDS = ("killed", "node_lost", "collective", "hang", "exception", "unknown")
-FATAL_KINDS = ("repeated_exception", "import", "config", "diverged")
 
 
 class RecordError(ValueError):
@@ -97,6 +95,42 @@ class RankState(_Text):
     def live(self) -> bool:
         """Still expected to report more."""
         return self in (RankState.STARTING, RankState.RUNNING)
+
+
+class FailureKind(_Text):
+    """What a failed training step died of (``hpc_train.runtime.failures.classify``)."""
+
+    KILLED = "killed"
+    """A rank ended by a signal (out of memory, scancel of a step, a node's kill), or without a word."""
+    NODE_LOST = "node_lost"
+    COLLECTIVE = "collective"
+    """A collective or rendezvous error: usually a peer that died first."""
+    HANG = "hang"
+    """A rank the watchdog ended: no step for trainer.watchdog_s."""
+    EXCEPTION = "exception"
+    """A Python exception, the first time it is seen."""
+    UNKNOWN = "unknown"
+    REPEATED_EXCEPTION = "repeated_exception"
+    """The same exception from the same step as the attempt before: fatal."""
+    IMPORT = "import"
+    CONFIG = "config"
+    DIVERGED = "diverged"
+    """A non-finite loss or state (the last finite one is kept)."""
+
+    @property
+    def retryable(self) -> bool:
+        return self in RETRYABLE_KINDS
+
+
+RETRYABLE_KINDS = (
+    FailureKind.KILLED,
+    FailureKind.NODE_LOST,
+    FailureKind.COLLECTIVE,
+    FailureKind.HANG,
+    FailureKind.EXCEPTION,
+    FailureKind.UNKNOWN,
+)
+FATAL_KINDS = (FailureKind.REPEATED_EXCEPTION, FailureKind.IMPORT, FailureKind.CONFIG, FailureKind.DIVERGED)
 
 
 class AttemptOutcome(_Text):
@@ -292,8 +326,7 @@ class Progress(_Record):
 class Failure(_Record):
     """What a failed training step died of (``hpc_train.runtime.failures.classify``), in its attempt's record."""
 
-    kind: str
-    """One of RETRYABLE_KINDS or FATAL_KINDS."""
+    kind: FailureKind
     rank: int | None = None
     host: str = ""
     error: str = ""
@@ -303,7 +336,9 @@ class Failure(_Record):
     """Hosts blamed: a killed rank's, a lost node, a frozen rank's."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
-        "kind": _Key("is not a failure class", _string, required=True),
+        "kind": _Key(
+            f"is none of {', '.join(k.value for k in FailureKind)}", _is(FailureKind), FailureKind, required=True
+        ),
         "rank": _Key("is not a rank number", _or_none(_integer)),
         "host": _Key("is not a host name", _string),
         "error": _Key("is not a string", _string),
@@ -313,15 +348,18 @@ class Failure(_Record):
     }
     NULLS = frozenset({"rank", "step"})
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FailureKind(self.kind))  # Failure(kind="killed") reads as the member
+
     @property
     def retryable(self) -> bool:
-        return self.kind in RETRYABLE_KINDS
+        return self.kind.retryable
 
     def same_as(self, earlier: Failure | None) -> bool:
         """The same Python exception from the same step as ``earlier`` (the last attempt's failure)."""
         return (
             earlier is not None
-            and earlier.kind in ("exception", "repeated_exception")
+            and earlier.kind in (FailureKind.EXCEPTION, FailureKind.REPEATED_EXCEPTION)
             and earlier.error == self.error
             and earlier.step == self.step
         )

@@ -18,10 +18,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from hpc_train.core.records import FATAL_KINDS, RETRYABLE_KINDS, Failure, RankState, RankStatus
+from hpc_train.core.records import FATAL_KINDS, RETRYABLE_KINDS, Failure, FailureKind, RankState, RankStatus
 from hpc_train.train.watchdog import FROZEN
 
-__all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "SrunReport", "classify"]
+__all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "FailureKind", "SrunReport", "classify"]
 
 Statuses = Mapping[int, RankStatus]
 
@@ -96,15 +96,15 @@ def _silent_hosts(statuses: Statuses) -> tuple[str, ...]:
     return tuple(sorted(h for h in hosts if h))
 
 
-def _error_kind(error: str, traceback: str) -> tuple[str, str]:
+def _error_kind(error: str, traceback: str) -> tuple[FailureKind, str]:
     """(kind, error) from a reported error ``"Type: message"``; a user script's error is read from the last
     exception line of its stderr."""
     if error.startswith("watchdog:"):
-        return "hang", error
+        return FailureKind.HANG, error
     type_name = error.split(":", 1)[0].rsplit(".", 1)[-1]
     if type_name == "ScriptError":
         if " was killed by " in error:
-            return "killed", error
+            return FailureKind.KILLED, error
         for line in reversed(traceback.splitlines()):
             found = _EXCEPTION_LINE.match(line.strip())
             if found:
@@ -112,16 +112,16 @@ def _error_kind(error: str, traceback: str) -> tuple[str, str]:
                 type_name = found["type"].rsplit(".", 1)[-1]
                 break
         else:
-            return "exception", error
+            return FailureKind.EXCEPTION, error
     if type_name == "Diverged":  # non-finite loss or weights: another attempt from the same state diverges again
-        return "diverged", error
+        return FailureKind.DIVERGED, error
     if type_name in _IMPORT_ERRORS:
-        return "import", error
+        return FailureKind.IMPORT, error
     if type_name in _CONFIG_ERRORS:
-        return "config", error
+        return FailureKind.CONFIG, error
     if type_name in _COLLECTIVE_ERRORS or (type_name in _COLLECTIVE_CARRIERS and _COLLECTIVE_WORDS.search(error)):
-        return "collective", error
-    return "exception", error
+        return FailureKind.COLLECTIVE, error
+    return FailureKind.EXCEPTION, error
 
 
 def _from_status(rank: int, status: RankStatus, statuses: Statuses) -> Failure:
@@ -129,9 +129,9 @@ def _from_status(rank: int, status: RankStatus, statuses: Statuses) -> Failure:
     kind, error = _error_kind(status.error or "?", traceback)
     host = status.host or "?"
     suspects: tuple[str, ...] = ()
-    if kind == "killed":
+    if kind == FailureKind.KILLED:
         suspects = (host,)
-    elif kind == "hang":
+    elif kind == FailureKind.HANG:
         suspects = _hang_suspects(statuses)
     step = status.failed_step if status.failed_step is not None else status.step
     return Failure(kind=kind, rank=rank, host=host, error=error, traceback=traceback, step=step, suspects=suspects)
@@ -141,42 +141,46 @@ def classify(statuses: Statuses, srun: SrunReport, exit_code: int, previous: Fai
     """The failure of a step that ended with ``exit_code`` before every rank completed. ``previous`` is the
     failure of the attempt before, to tell a repeated exception."""
     failure = _classify(statuses, srun, exit_code)
-    if failure.kind == "exception" and failure.same_as(previous):
-        return replace(failure, kind="repeated_exception")
+    if failure.kind == FailureKind.EXCEPTION and failure.same_as(previous):
+        return replace(failure, kind=FailureKind.REPEATED_EXCEPTION)
     return failure
 
 
 def _classify(statuses: Statuses, srun: SrunReport, exit_code: int) -> Failure:
     if srun.lost_nodes:
         host = srun.lost_nodes[0]
-        return Failure(kind="node_lost", host=host, error=f"srun lost node {host}", suspects=tuple(srun.lost_nodes))
+        return Failure(
+            kind=FailureKind.NODE_LOST, host=host, error=f"srun lost node {host}", suspects=tuple(srun.lost_nodes)
+        )
     if srun.task_exits:
         host, rank, what = srun.task_exits[0]
         status = statuses.get(rank)
         if status is not None and status.state is RankState.FAILED:
             failure = _from_status(rank, status, statuses)
-            if failure.kind != "collective":
+            if failure.kind != FailureKind.COLLECTIVE:
                 return failure
             # srun saw a peer's error first ("connection closed by peer"): the cause is a rank that failed on its
             # own, whichever srun reported last, or else one that died without a word.
-            causes = [f for f in _reported(statuses) if f.kind != "collective"]
+            causes = [f for f in _reported(statuses) if f.kind != FailureKind.COLLECTIVE]
             if causes:
                 return causes[0]
             silent = _silent_hosts(statuses)
             if silent:
                 error = f"ranks ended without reporting; the others then failed: {failure.error}"
-                return replace(failure, kind="killed", rank=None, host=silent[0], error=error, suspects=silent)
+                return replace(
+                    failure, kind=FailureKind.KILLED, rank=None, host=silent[0], error=error, suspects=silent
+                )
             return failure
         error = f"the process ended without reporting an error: {what}"
         step = status.step if status is not None else None
-        return Failure(kind="killed", rank=rank, host=host, error=error, step=step, suspects=(host,))
+        return Failure(kind=FailureKind.KILLED, rank=rank, host=host, error=error, step=step, suspects=(host,))
     reported = _reported(statuses)
     if reported:
         return reported[0]
     silent = _silent_hosts(statuses)
     if silent:
-        return Failure(kind="killed", host=silent[0], error="ranks ended without reporting", suspects=silent)
-    return Failure(kind="unknown", error=f"srun exited with status {exit_code} and no rank reported why")
+        return Failure(kind=FailureKind.KILLED, host=silent[0], error="ranks ended without reporting", suspects=silent)
+    return Failure(kind=FailureKind.UNKNOWN, error=f"srun exited with status {exit_code} and no rank reported why")
 
 
 def _reported(statuses: Statuses) -> list[Failure]:

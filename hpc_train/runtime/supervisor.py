@@ -39,7 +39,7 @@ from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, Shape, fits_o
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP, ExitCode
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, RankState, RankStatus, Reshape
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, FailureKind, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
 from hpc_train.mirror.pull import StoryNotRestored, restore_story
@@ -222,7 +222,7 @@ class Supervisor:
             failure = classify(statuses, SrunReport.parse(step.lines), code, previous)
             if step.launch_timed_out:
                 error = f"no rank of the step started within {launch_s:.0f}s; the supervisor ended srun"
-                failure = Failure(kind="unknown", error=error)
+                failure = Failure(kind=FailureKind.UNKNOWN, error=error)
             entry = replace(entry, outcome=AttemptOutcome.FAILED, failure=failure)
             _log_failure(failure)
         self.ledger.save(entry)
