@@ -43,11 +43,13 @@ __all__ = [
     "FailureKind",
     "Growth",
     "Interrupted",
+    "JobRecord",
     "MirrorLedger",
     "MirrorOrigin",
     "MirrorStatus",
     "MirroredFile",
     "NodeSummary",
+    "PackPlace",
     "Progress",
     "RankCompute",
     "RankState",
@@ -986,3 +988,55 @@ class Interrupted(_Record):
         "time": _Key("is not a time stamp", _number, required=True),
         "run": _Key("is not a run dir's path", _string, required=True),
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackPlace(_Record):
+    """A run's place in a pack (``cluster.pack``): the runs that share its job, itself included, in sweep order."""
+
+    index: int
+    members: tuple[str, ...]
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "index": _Key("is not a member number", _integer, required=True),
+        "members": _Key("is not a list of run dirs", _strings, tuple, required=True),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRecord(_Record):
+    """What the scheduler was asked for (``job.json``, Slurm runs only), written when Slurm accepted the job."""
+
+    job_id: str
+    """The job's id; an array element's is ``<array>_<index>`` (the members of a pack share their job's)."""
+    scheduler: str = "slurm"
+    submit: str = ""
+    """cluster.slurm.submit: sbatch or submitit."""
+    array_job_id: str | None = None
+    array_index: int | None = None
+    script: str = ""
+    """The job script (an array's, in the sweep's log folder)."""
+    slurm_output: str = ""
+    """Slurm's output file of the batch step."""
+    world_size: int | None = None
+    nodes: str = ""
+    """What the job asked Slurm for: a count, or a range ("2-4")."""
+    overrides: tuple[str, ...] = ()
+    submitted: float | None = None
+    pack: PackPlace | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "job_id": _Key("is not a job id", _string, str, required=True),
+        "scheduler": _Key("is not a string", _string),
+        "submit": _Key("is not a string", _string),
+        "array_job_id": _Key("is not a job id", _or_none(_string)),
+        "array_index": _Key("is not an array index", _or_none(_integer)),
+        "script": _Key("is not a path", _string),
+        "slurm_output": _Key("is not a path", _string),
+        "world_size": _Key("is not a rank count", _or_none(_integer)),
+        "nodes": _Key("is not a node count or range", _string),
+        "overrides": _Key("is not a list of overrides", _strings, tuple),
+        "submitted": _TIME,
+        "pack": _nested(PackPlace),
+    }
+    NULLS = frozenset({"array_job_id", "array_index"})

@@ -68,6 +68,7 @@ from hpc_train.core.records import (
     BadNode,
     Growth,
     Interrupted,
+    JobRecord,
     MirrorOrigin,
     MirrorStatus,
     NodeSummary,
@@ -224,8 +225,9 @@ class RunDir:
         """The run's overrides; for a run dir older than ``overrides.json``, those in job.json (Slurm runs) or in
         Hydra's .hydra/overrides.yaml. Empty when none is recorded."""
         recorded = read_json(self.overrides)
-        if recorded is None:
-            recorded = self.read_job_record().get("overrides")
+        job = self.job()
+        if recorded is None and job is not None and job.overrides:
+            recorded = list(job.overrides)
         if recorded is None and (self.path / HYDRA_OVERRIDES).is_file():
             from omegaconf import OmegaConf  # only for run dirs older than overrides.json
 
@@ -242,11 +244,13 @@ class RunDir:
         """What the scheduler was asked for: job id, array index, script, Slurm output file (Slurm runs only)."""
         return self.path / JOB_RECORD
 
-    def read_job_record(self) -> dict[str, Any]:
-        return _read_dict(self.job_record)
+    def job(self) -> JobRecord | None:
+        """The job record (``JobRecord``); None when there is none (a local run) or it is damaged beyond its
+        job id."""
+        return JobRecord.salvage(read_json(self.job_record))[0]
 
-    def write_job_record(self, record: dict[str, Any]) -> None:
-        write_json_atomic(self.job_record, record)
+    def write_job_record(self, record: JobRecord) -> None:
+        write_json_atomic(self.job_record, record.to_json())
 
     @property
     def sbatch_script(self) -> Path:

@@ -25,6 +25,7 @@ from hpc_train.config import Config
 from hpc_train.core import owner
 from hpc_train.core.errors import ExitCode, LaunchError
 from hpc_train.core.files import atomic_write
+from hpc_train.core.records import JobRecord, PackPlace
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.signals import held
 from hpc_train.core.textutil import plural
@@ -167,22 +168,24 @@ def _submit(
             lease.hand_to_job(job_id)  # first: from here on the job owns its run dir
         for i, rd in enumerate(run_dirs):
             element = i // spec.pack
-            record: dict[str, Any] = {
-                "scheduler": "slurm",
-                "submit": cfg.cluster.slurm.submit,
-                "job_id": job_ids[i],
-                "array_job_id": array_id if spec.is_array else None,
-                "array_index": element if spec.is_array else None,
-                "script": str(script),
-                "slurm_output": outputs[element],
-                "world_size": cfg.cluster.world_size,
-                "nodes": spec.flags["nodes"],  # what the job asked Slurm for: a count, or a range
-                "overrides": list(overrides[i]) if overrides else [],
-                "submitted": time.time(),
-            }
-            if spec.packed:  # the runs it shares its job with, itself included, in the order of the sweep
-                members = run_dirs[element * spec.pack : (element + 1) * spec.pack]
-                record["pack"] = {"index": i % spec.pack, "members": [str(m.path.resolve()) for m in members]}
+            members = run_dirs[element * spec.pack : (element + 1) * spec.pack]
+            record = JobRecord(
+                scheduler="slurm",
+                submit=cfg.cluster.slurm.submit,
+                job_id=job_ids[i],
+                array_job_id=array_id if spec.is_array else None,
+                array_index=element if spec.is_array else None,
+                script=str(script),
+                slurm_output=outputs[element],
+                world_size=cfg.cluster.world_size,
+                nodes=str(spec.flags["nodes"]),  # what the job asked Slurm for: a count, or a range
+                overrides=tuple(overrides[i]) if overrides else (),
+                submitted=time.time(),
+                # The runs it shares its job with, itself included, in the order of the sweep (cluster.pack).
+                pack=PackPlace(index=i % spec.pack, members=tuple(str(m.path.resolve()) for m in members))
+                if spec.packed
+                else None,
+            )
             rd.write_job_record(record)
     return job_ids
 

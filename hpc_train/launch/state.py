@@ -180,8 +180,9 @@ def attempts_note(attempts: list[AttemptRecord]) -> str:
 
 def job_state(run_dir: RunDir, world_size: int) -> JobState:
     """Reconcile every source into one state for the run in ``run_dir``."""
-    record = run_dir.read_job_record()
-    job_id = str(record.get("job_id", ""))
+    job = run_dir.job()
+    job_id = job.job_id if job is not None else ""
+    packed = job is not None and job.pack is not None
     statuses, damaged = checked_statuses(run_dir)
     attempts, damaged_attempts = checked_attempts(run_dir)
     if attempts and attempts[-1].ranks and attempts[-1].job_id == job_id:
@@ -214,12 +215,12 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         detail = "; ".join(["every rank completed", *retried, *doubts])
         return verdict("COMPLETED", done=True, ok=True, detail=detail)
     failures = _reported_failures(statuses)
-    if record.get("pack") and run_dir.cancel_requested():  # `jobs cancel` of this member alone
+    if packed and run_dir.cancel_requested():  # `jobs cancel` of this member alone
         live = any(is_live(s) for s in statuses.values())
         detail = "; ".join([f"cancelled alone (jobs cancel); the pack's other members go on in job {job_id}", *notes])
         return verdict("CANCELLING" if live else "CANCELLED", done=not live, detail=detail)
     ended = attempts[-1].outcome in (AttemptOutcome.FATAL, AttemptOutcome.GAVE_UP) if attempts else False
-    if ended and record.get("pack") and squeue in ACTIVE_STATES:  # its job runs on for the pack's other members
+    if ended and packed and squeue in ACTIVE_STATES:  # its job runs on for the pack's other members
         return verdict("FAILED", done=True, detail="; ".join([*notes, *failures]))
     if squeue in ACTIVE_STATES:
         return verdict(squeue, done=False, ok=False, detail="; ".join([*notes, *failures]))

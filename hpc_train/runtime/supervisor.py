@@ -109,7 +109,8 @@ class Supervisor:
         (its salloc asked, not hpc_train)."""
         if not self.cluster.asks_range or self.interactive:
             return None
-        low, _, high = str(self.rd.read_job_record().get("nodes", "")).partition("-")
+        job = self.rd.job()
+        low, _, high = (job.nodes if job is not None else "").partition("-")
         if low.isdigit() and (high.isdigit() or not high):
             return int(low), int(high or low)
         return self.cluster.fewest_nodes, self.cluster.allocated_nodes
@@ -368,7 +369,8 @@ class Supervisor:
         if time.monotonic() < self.grow_check_at or not self._may_grow(len(nodes)):
             return
         self.grow_check_at = time.monotonic() + self.cluster.slurm.grow_every_min * 60
-        script = Path(str(self.rd.read_job_record().get("script", "")))
+        job = self.rd.job()
+        script = Path(job.script if job is not None else "")
         progress = self.rd.progress_record(0)
         began = self.ledger.last.start if self.ledger.last is not None else None
         if not script.is_file() or (progress.first_time or 0.0) < (began or 0.0):

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import ConfigError, ExitCode
-from hpc_train.core.files import atomic_write, read_json
+from hpc_train.core.files import atomic_write
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.nodes import NODE_EVERY_S
-from hpc_train.core.records import AttemptRecord, StartupProfile
+from hpc_train.core.records import AttemptRecord, JobRecord, StartupProfile
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table, number_ranges, plural
@@ -54,12 +54,12 @@ def _sweep_runs(path: Path) -> list[RunDir]:
     ]
 
 
-def _job_records(roots: list[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+def _job_records(roots: list[Path]) -> Iterator[tuple[Path, JobRecord]]:
     for root in roots:
         if root.is_dir():
             for path in root.rglob(JOB_RECORD):
-                record = read_json(path)
-                if isinstance(record, dict):
+                record = RunDir(path.parent).job()
+                if record is not None:
                     yield path.parent, record
 
 
@@ -81,11 +81,7 @@ def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
             )
         raise TargetError(f"{target}: neither a run dir (no {rd.config.name}) nor a sweep dir (no run dirs inside)")
     if JOB_ID.fullmatch(target):
-        found = [
-            RunDir(run)
-            for run, record in _job_records(roots)
-            if target in (str(record.get("job_id")), str(record.get("array_job_id")))
-        ]
+        found = [RunDir(run) for run, record in _job_records(roots) if target in (record.job_id, record.array_job_id)]
         if found:
             return sorted(found, key=lambda rd: str(rd.path))
         where = ", ".join(str(r) for r in roots)
@@ -265,13 +261,13 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
             lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
             attempt = last.attempt if last is not None else None
-            job = rd.read_job_record()
-            pack = job.get("pack")
-            if pack:
-                packed.setdefault(tuple(pack.get("members", [])), str(job.get("job_id", "")))
+            job = rd.job()
+            pack = job.pack if job is not None else None
+            if job is not None and pack is not None:
+                packed.setdefault(pack.members, job.job_id)
             detail = state.detail or "-"
-            if pack:  # cluster.pack: the job it ran in ran its neighbours too
-                detail = f"pack member {pack['index']} of {len(pack['members'])} in job {state.job_id}; {detail}"
+            if pack is not None:  # cluster.pack: the job it ran in ran its neighbours too
+                detail = f"pack member {pack.index} of {len(pack.members)} in job {state.job_id}; {detail}"
             rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, detail])
             tail = "" if state.ok else _failure_tail(rd, attempts)
             if tail:
@@ -392,9 +388,9 @@ def cmd_collect(runs: list[RunDir]) -> int:
 
 
 def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: float) -> int:
-    record = run_dir.read_job_record()
+    job = run_dir.job()
     if slurm:
-        output = record.get("slurm_output")
+        output = job.slurm_output if job is not None else ""
         if not output:
             print(f"{run_dir.path}: no Slurm output recorded (not a Slurm run?)", file=sys.stderr)
             return ExitCode.USAGE
@@ -417,23 +413,22 @@ def cmd_cancel(runs: list[RunDir]) -> int:
     code = 0
     named = {str(rd.path.resolve()) for rd in runs}
     for rd in runs:
-        record = rd.read_job_record()
-        pack = record.get("pack") or {}
-        others = [m for m in pack.get("members", []) if m not in named]
-        if others:  # scancel would end its neighbours too: its own supervisor ends it, at this request
+        job = rd.job()
+        others = [m for m in (job.pack.members if job is not None and job.pack else ()) if m not in named]
+        if job is not None and others:  # scancel would end its neighbours too: its own supervisor ends it
             rd.request_cancel()
             print(
-                f"cancel requested for {rd.path}, a member of the pack in Slurm job {record.get('job_id')}: its "
+                f"cancel requested for {rd.path}, a member of the pack in Slurm job {job.job_id}: its "
                 "supervisor stops its training step (the ranks checkpoint) within seconds, and starts no other. "
                 f"The pack's other members go on: {', '.join(others)}"
             )
             continue
-        if record.get("job_id"):
-            job = str(record["array_job_id"] if len(runs) > 1 and record.get("array_job_id") else record["job_id"])
-            if job not in ids:
-                ids.append(job)
+        if job is not None and job.job_id:
+            which = job.array_job_id if len(runs) > 1 and job.array_job_id else job.job_id
+            if which not in ids:
+                ids.append(which)
         elif not _cancel_local(rd):
-            code = 1
+            code = ExitCode.FAILED
     if ids:
         proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode != 0:

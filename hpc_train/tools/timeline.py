@@ -90,9 +90,10 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
     out = Timeline(goodput=goodput)
     if not allocations:
         return out
-    submitted = rd.read_job_record().get("submitted")
+    job = rd.job()
+    submitted = job.submitted if job is not None else None
     row_of: dict[tuple[str, int], int] = {}
-    before: float | None = float(submitted) if isinstance(submitted, int | float) else None
+    before = submitted
     for row, allocation in enumerate(allocations):
         row_of[allocation.allocation] = row
         requeue = f" (requeue {allocation.requeue})" if allocation.requeue else ""

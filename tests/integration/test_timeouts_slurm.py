@@ -50,7 +50,9 @@ def test_a_lead_shorter_than_the_measured_checkpoint_is_warned_and_auto_covers_i
     stop = rd.requeue_records()[0]
     assert stop.stop_saved_s is not None and stop.stopped_step, stop  # the stop's checkpoint was durable...
     assert any(r.step == stop.stopped_step for r in Checkpoints(rd).records()), stop  # ...and in the ledger
-    output = Path(str(rd.read_job_record()["slurm_output"])).read_text()
+    job = rd.job()
+    assert job is not None
+    output = Path(job.slurm_output).read_text()
     lead = 2 * measured_s + 30  # at least: auto adds the step
     assert "signal_lead_s=auto: 2 x the stop measured" in output, output[-3000:]
     assert "signal_lead_s=auto: the step is told to stop at" in output, output[-3000:]

@@ -151,7 +151,11 @@ def test_older_records_without_the_optional_keys_still_read() -> None:
         (AttemptRecord, {"attempt": 0, "outcome": "exploded"}, "outcome='exploded' is not an outcome"),
         (AttemptRecord, {"attempt": 0}, "outcome is missing"),
         (AttemptRecord, {"attempt": 0, "outcome": "failed", "failure": "boom"}, "failure='boom' is not a JSON object"),
-        (AttemptRecord, {"attempt": 0, "outcome": "failed", "failure": {"kind": 3}}, "failure.kind=3 is none of killed, node_lost"),
+        (
+            AttemptRecord,
+            {"attempt": 0, "outcome": "failed", "failure": {"kind": 3}},
+            "failure.kind=3 is none of killed, node_lost",
+        ),
         (AttemptRecord, {"attempt": 0, "outcome": "failed", "start": True}, "start=True is not a time stamp"),
         (Allocation, {"start": "soon"}, "start='soon' is not a time stamp"),
         (RequeueEntry, {"restart": 0, "signal": 12, "stopped_step": 4.5}, "stopped_step=4.5 is not a step number"),

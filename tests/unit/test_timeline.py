@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Failure, Progress, RequeueEntry
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Failure, JobRecord, Progress, RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.tools.plot import main as plot_main
 from hpc_train.tools.timeline import plot_timeline, summary, timeline
@@ -27,7 +27,7 @@ def run(tmp_path: Path) -> RunDir:
     at 50 s); requeued, allocation 2 from 80 s: attempt 1 fails at step 45 (checkpoint 40), attempt 2 completes."""
     rd = RunDir(tmp_path)
     rd.status_dir.mkdir()
-    rd.write_job_record({"job_id": "7", "submitted": T})
+    rd.write_job_record(JobRecord(job_id="7", submitted=T))
     rd.write_allocations([
         Allocation(job_id="7", requeue=0, start=T + 10, end=T + 60),
         Allocation(job_id="7", requeue=1, start=T + 80, end=T + 200),
