@@ -159,7 +159,13 @@ def _imports(tree: ast.Module, name: str, is_package: bool) -> tuple[set[str], s
     function-level imports of hpc_train modules (a nested function's counted once per enclosing function)."""
     top: set[str] = set()
     base = name if is_package else name.rpartition(".")[0]
-    for node in tree.body:
+
+    def runs_at_import(stmt: ast.stmt) -> bool:  # not a definition, nor an `if TYPE_CHECKING:` block
+        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+            return False
+        return not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+
+    for node in (n for stmt in tree.body if runs_at_import(stmt) for n in ast.walk(stmt)):
         if isinstance(node, ast.Import):
             top |= {a.name for a in node.names if a.name.startswith("hpc_train")}
         elif isinstance(node, ast.ImportFrom):

@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from hpc_train.config.checks import Checked, shell_words
 from hpc_train.config.cluster import ClusterConfig
 from hpc_train.config.options import CNNConfig, TransformerConfig
+from hpc_train.config.shape import Shape, split_global_batch
 from hpc_train.config.tracking import TrackingConfig
 from hpc_train.config.training import DataConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
@@ -227,8 +228,6 @@ class Config:
 
     def _check_shrink(self) -> None:
         """cluster.min_nodes below cluster.nodes: the built-in trainer can keep its global batch on that many."""
-        from hpc_train.config.shape import Shape, split_global_batch
-
         cluster = self.cluster
         if self.script.enabled:
             raise ConfigError(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpc_train.config.schema import Config
 from hpc_train.core.errors import ConfigError
+
+if TYPE_CHECKING:  # for annotations only: schema imports this module (Config checks its own shape with it)
+    from hpc_train.config.schema import Config
 
 __all__ = [
     "ASKED_VARIABLE",
