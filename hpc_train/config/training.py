@@ -199,8 +199,11 @@ class TrainerConfig(Checked):
     training; the start-up line says which one binds."""
     batch_size: int = 64
     """Samples per process per step; the global batch is batch_size x world size."""
-    lr: float = 1e-3
-    """Base learning rate, meant for a global batch of ``lr_reference_batch_size``."""
+    lr: float = 1e-4
+    """Base learning rate, meant for a global batch of ``lr_reference_batch_size``. 1e-4 (Hugging Face's Trainer
+    uses 5e-5): at AdamW's textbook 1e-3 the default run's MLP learned the synthetic set's noise within its first
+    epoch, and its validation got worse every epoch after it (0.854, 0.850, 0.842); at 1e-4 validation loss and
+    accuracy improve every epoch (0.778, 0.865, 0.874) in the same time. optim=sgd brings its own (0.05)."""
     lr_scaling: str = "none"
     """How the base LR follows the global batch: linear (SGD-like), sqrt (Adam-like) or none."""
     lr_reference_batch_size: int = 128
@@ -306,7 +309,7 @@ class TrainerConfig(Checked):
             "set trainer.max_epochs=3 or trainer.max_steps=1000",
         )
         self._bounded("batch_size", 1, INT64_MAX, 64, why="2**63-1")
-        self._bounded("lr", 0.0, FLOAT32_MAX, "1e-3", above=True, why=F32)
+        self._bounded("lr", 0.0, FLOAT32_MAX, "1e-4", above=True, why=F32)
         self._one_of("lr_scaling", LR_SCALING)
         self._bounded("lr_reference_batch_size", 1, INT64_MAX, "128 (the global batch the base LR was tuned for)")
         # torch.manual_seed takes up to 2**64-1 and gets seed + rank; nothing seeds numpy or random with it.
