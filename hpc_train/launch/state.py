@@ -299,17 +299,17 @@ def _without_scheduler(
     alive = {rank: rank_process_alive(s) for rank, s in statuses.items() if is_live(s)}
     starting = all(str(s.get("state")) == RankState.STARTING.value for s in statuses.values())
     if interrupted is not None and starting and not any(up is not False for up in alive.values()):
+        who = f"local job {interrupted.job_id}" if interrupted.job_id else "the launch"
+        when = time.strftime("%H:%M:%S", time.localtime(interrupted.time))
         detail = (
-            f"stopped during start-up (local job {interrupted.job_id} ended on Ctrl-C at "
-            f"{time.strftime('%H:%M:%S', time.localtime(interrupted.time))}): nothing trained; start it again: "
+            f"stopped during start-up ({who} ended on Ctrl-C at {when}): nothing trained; start it again: "
             f"{resume_command(run_dir)}"
         )
         return verdict("STOPPED", done=True, detail=detail)
     if not statuses and owner.current_owner(run_dir.path) is not None:
         return verdict("STARTING", done=False, detail="its launcher runs; no rank has written a status yet")
-    if not statuses:  # and nobody launches it: the launch ended (Ctrl-C, an error) before a rank started
-        detail = f"the launch ended before any rank started: nothing trained; start it again: {resume_command(run_dir)}"
-        return verdict("STOPPED", done=True, detail=detail)
+    if not statuses:  # (a launcher about to claim it, or one that ended without a word)
+        return verdict("UNKNOWN", done=False, detail="no job id and no rank status in this run dir")
     running = sorted(rank for rank, up in alive.items() if up is not False)
     failures = rank_failures(statuses, gone=lambda status: rank_process_alive(status) is False)
     if failures:

@@ -206,7 +206,7 @@ def test_train_longer_in_the_same_run_dir_and_start_from_its_weights(run_cli, tm
     assert steps == sorted(set(steps)) and steps[-1] == 20 and steps[0] == 5, steps  # 5, 10 from the first run
     refused, _ = run_cli(*job, "trainer.max_steps=20", "trainer.lr=0.1", run_dir=run_dir)
     assert refused.returncode == 2
-    assert "trainer.lr: 0.001 -> 0.1" in refused.stderr and "trainer.init_from=" in refused.stderr, refused.stderr
+    assert "trainer.lr: 0.0001 -> 0.1" in refused.stderr and "trainer.init_from=" in refused.stderr, refused.stderr
 
     fresh, new_dir = run_cli(*job, "trainer.max_steps=5", f"trainer.init_from={run_dir}", run_dir=tmp_path / "new")
     assert fresh.returncode == 0, fresh.stderr[-2000:]

@@ -253,9 +253,12 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_the_run(tmp_path: Path, after_s: 
         assert state["state"] == "STOPPED", state
 
 
-# A validation of 54,000 samples in batches of 4 (6,750 batches a rank): seconds long, against a step of
-# milliseconds, so that a signal sent once every rank is at step 10's metrics row lands in its validation.
+# A validation of 54,000 samples in batches of 4 (6,750 batches a rank): seconds long (4.7 s on an idle machine),
+# against a step of milliseconds. Step 10's metrics row comes after its validation, so the test sees every rank at
+# step 10 by their statuses, which reach status/ through the nodes' summaries: every second here (the default,
+# 10 s, could fall after the validation on an idle machine), so that the signal lands in the validation.
 VALIDATING = [
+    "cluster.status_every_s=1",
     "trainer.max_steps=20",
     "trainer.max_epochs=0",
     "data.num_samples=60000",

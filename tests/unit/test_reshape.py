@@ -83,7 +83,7 @@ def test_another_shape_with_another_global_batch_is_still_refused_at_resubmissio
 def test_a_refused_resubmission_on_another_shape_records_no_change_of_shape(tmp_path: Path) -> None:
     rd = RunDir(tmp_path)
     write_config(compose_config(*TWO_RANKS), rd)
-    with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.lr: 0\.001 -> 0\.5"):
+    with pytest.raises(ConfigError, match=r"already holds a run.*trainer\.lr: 0\.0001 -> 0\.5"):
         write_config(compose_config("trainer.batch_size=32", "cluster.tasks_per_node=1", "trainer.lr=0.5"), rd)
     assert rd.reshape_records() == []
 

@@ -576,8 +576,8 @@ def test_a_run_stopped_before_a_rank_started_reads_stopped_with_the_command_to_s
     tmp_path: Path,
 ) -> None:
     """Ctrl-C while the ranks are still starting: the local launcher ends its job and says so in the run dir
-    (status/interrupted.json), so the run reads STOPPED, nothing trained, not UNKNOWN. A run dir nobody launches
-    and no rank ever wrote to reads the same; one whose launcher still runs is STARTING."""
+    (status/interrupted.json), so the run reads STOPPED, nothing trained, not UNKNOWN; so does the CLI for a
+    Ctrl-C before the launcher took it over. A run dir whose launcher runs and no rank wrote to is STARTING."""
     from hpc_train.core import owner
 
     rd = run_dir_with(tmp_path, None, {})
@@ -585,11 +585,12 @@ def test_a_run_stopped_before_a_rank_started_reads_stopped_with_the_command_to_s
     rd.status_dir.mkdir()
     with owner.claim(rd.path, "local", heartbeat=False):
         assert (job_state(rd, 2).state, job_state(rd, 2).done) == ("STARTING", False)
+    # No launcher and no word from one (a launcher about to claim it): nothing to conclude yet.
+    assert (job_state(rd, 2).state, job_state(rd, 2).done) == ("UNKNOWN", False)
+    rd.write_interrupted("")  # the CLI's Ctrl-C before a launcher took it over
     state = job_state(rd, 2)
     assert (state.state, state.done) == ("STOPPED", True)
-    assert "the launch ended before any rank started: nothing trained; start it again: python -m hpc_train" in (
-        state.detail
-    )
+    assert "stopped during start-up (the launch ended on Ctrl-C at" in state.detail
     rd.write_interrupted("4242")
     rd.write_status(0, "starting", pid=2**22 + 7)  # a rank that was still starting, ended with its job
     state = job_state(rd, 2)
