@@ -11,11 +11,11 @@ import os
 import sys
 
 from hpc_train.core.errors import ExitCode
+from hpc_train.core.signals import composed, hold_while_composing, sigterm_as_interrupt
 
 
 def main() -> None:
     """Console-script entry point (``hpc-train``), the same as ``python -m hpc_train``."""
-    from hpc_train.core.signals import composed, hold_while_composing, sigterm_as_interrupt
 
     # SIGTERM (kill, a CI runner's timeout) before a launcher has taken it over ends the command as Ctrl-C does,
     # with its one line, rather than killing it mid-way; the local launcher handles its own.
@@ -26,6 +26,7 @@ def main() -> None:
             # AttributeError (a traceback and exit 1; seen in CI with a Ctrl-C 0.5 s after launch).
             hold_while_composing()
             try:
+                # under the hold: the CLI imports Hydra and the config (module docstring)
                 from hpc_train.cli import main as cli_main
 
                 cli_main()

@@ -7,6 +7,7 @@ every rank reads it from there. ``hpc_train/__main__.py`` imports this module in
 from __future__ import annotations
 
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,8 +29,9 @@ from hpc_train.core.errors import ConfigError, ExitCode, exit_plainly
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.searchpath import config_dir_arg
 from hpc_train.core.signals import composed
-from hpc_train.launch import claim_run_dir, finished_message, finished_step, write_config
+from hpc_train.launch import claim_run_dir, finished_message, finished_step, launch, write_config
 from hpc_train.launch.preflight import preflight
+from hpc_train.tools.cli_help import help_text
 
 
 @hydra.main(config_path=CONFIG_MODULE, config_name="config", version_base="1.3")
@@ -56,10 +58,13 @@ def _app(raw: DictConfig) -> None:
         except ConfigError as exc:
             _config_error(exc)
 
-        from hpc_train.launch import launch
-
         with exit_plainly():
-            code = launch(cfg, run_dir)
+            try:
+                code = launch(cfg, run_dir)
+            except KeyboardInterrupt:  # before a launcher took Ctrl-C over: `jobs status` reads STOPPED, not UNKNOWN
+                with suppress(OSError):
+                    run_dir.write_interrupted("")
+                raise
     if code:
         raise SystemExit(code)
 
@@ -74,8 +79,6 @@ def main() -> None:
     before this module is imported until the config is composed (``_app`` says when, or ``__main__`` once this
     returns): registering the schemas and composing run under that one hold."""
     if {"-h", "--help"} & set(sys.argv[1:]):
-        from hpc_train.tools.cli_help import help_text
-
         print(help_text(sys.argv[1:]))
         return
     try:

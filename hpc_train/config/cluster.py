@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from hpc_train.config.checks import INT32_MAX, INT64_MAX, SLURM_U16_MAX, YEAR_MIN, YEAR_S, Checked, invalid, shell_words
 from hpc_train.config.sizes import is_mem_size
 from hpc_train.core.errors import ConfigError
+from hpc_train.core.hostlist import expand_hostlist
 
 __all__ = [
     "GPU_BINDINGS",
@@ -277,7 +278,6 @@ class SlurmConfig(Checked):
             self._require(bool(words), "setup", f"cannot split {line!r} into words: {problem}", "balance the quotes")
 
     def _check_hostlist(self, key: str) -> None:
-        from hpc_train.core.hostlist import expand_hostlist
 
         value = getattr(self, key)
         if not value:

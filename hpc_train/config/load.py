@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from hpc_train.config.cluster import SLURM_ONLY, ClusterConfig, fold_slurm_aliases
 from hpc_train.config.options import MODEL_SCHEMAS, OPTIM_SCHEMAS
@@ -82,7 +83,6 @@ def config_from_dict(data: Mapping[str, Any] | DictConfig, given: Sequence[str] 
     The old flat names of the Slurm keys (``cluster.partition``) are folded into ``cluster.slurm``; ``given``:
     the command line's overrides, whose values beat a file's when both spellings are set.
     """
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         node = data if isinstance(data, DictConfig) else OmegaConf.create(dict(data))

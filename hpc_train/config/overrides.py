@@ -8,6 +8,7 @@ import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -19,6 +20,7 @@ from hpc_train.config.schema import ScriptConfig
 from hpc_train.config.tracking import TrackingConfig
 from hpc_train.config.training import DataConfig, TrainerConfig
 from hpc_train.core.errors import ConfigError
+from hpc_train.core.searchpath import config_dir_arg, option_file, user_config_dirs
 
 __all__ = [
     "check_override_keys",
@@ -57,6 +59,7 @@ def check_override_syntax(argv: list[str]) -> None:
     ``cluster.slurm.exclude=node[07-08]`` fails deep in Hydra's parser ("mismatched input '['"): brackets after text
     are not valid there, since brackets start a list. The error here shows the quoted form that works.
     """
+    # Hydra's grammar (0.3 s) only to check overrides: a saved config loads without it
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -119,7 +122,6 @@ def check_overrides(argv: list[str], config_dirs: list[Path] | None = None) -> N
     ``config_dirs``: the user's config folders when not given in ``argv`` (``--config-dir``). ConfigError on
     the first problem."""
     check_override_syntax(argv)
-    from hpc_train.core.searchpath import config_dir_arg, user_config_dirs
 
     dirs = [*(config_dirs or []), *config_dir_arg(argv), *user_config_dirs()]
     keys = override_keys(argv)
@@ -177,9 +179,6 @@ def chosen_option_keys(argv: list[str], config_dirs: list[Path]) -> dict[str, di
     default) and the keys each one's YAML file declares, theirs included: ``width`` for a user's
     ``conf/model/tiny.yaml`` holding ``width: 64``. None for an option whose file is not found (Hydra reports
     that itself)."""
-    from importlib.resources import files
-
-    from hpc_train.core.searchpath import option_file
 
     main = OmegaConf.to_container(OmegaConf.load(str(files("hpc_train.conf") / "config.yaml")))
     defaults: list[Any] = main.get("defaults", []) if isinstance(main, dict) else []
@@ -221,6 +220,7 @@ def _option_keys(path: Path, group: str, schemas: Mapping[str, type[Any]]) -> se
 
 def override_keys(argv: list[str]) -> list[str]:
     """The keys of the plain ``key=value`` overrides in ``argv`` (not ``+add``, ``~delete`` or Hydra's flags)."""
+    # Hydra's grammar (0.3 s) only to check overrides: a saved config loads without it
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -235,6 +235,7 @@ def override_keys(argv: list[str]) -> list[str]:
 def _added_keys(argv: list[str]) -> list[str]:
     """The dotted keys that ``+key=value`` / ``++key=value`` overrides add under hpc_train's own groups
     (``+trainer.typo=1``); a ``+group=option`` (``+experiment=quick``) picks a config group and is Hydra's."""
+    # Hydra's grammar (0.3 s) only to check overrides: a saved config loads without it
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 

@@ -21,6 +21,7 @@ def register_configs() -> None:
 
     Once per process (the nodes never change, and Hydra copies a node each time it loads one): registering took
     about 50 ms, and ``compose_config`` called it for every config it composed."""
+    # Hydra only where configs are composed (the CLI, the API): a saved config loads without it
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()

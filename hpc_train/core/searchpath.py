@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
 
 __all__ = ["ENV_VAR", "config_dir_arg", "option_file", "user_config_dirs", "user_profile_dir"]
@@ -47,7 +48,6 @@ def config_dir_arg(argv: list[str]) -> list[Path]:
 
 def option_file(group: str, option: str, argv: list[str], environ: Mapping[str, str] | None = None) -> Path | None:
     """The YAML file Hydra would load for ``group=option``: the user's folders first, then hpc_train's own."""
-    from importlib.resources import files
 
     for base in [*config_dir_arg(argv), *user_config_dirs(environ)]:
         path = base / group / f"{option}.yaml"

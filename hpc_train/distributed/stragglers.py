@@ -238,6 +238,7 @@ class StragglerWatch:
     def exchange(self, step: int, group: Any = None) -> StragglerReport | None:
         """Every rank at the same step: send rank 0 this rank's own seconds per step since the last exchange;
         rank 0 returns its verdict (None elsewhere)."""
+        # torch only in the exchange: the supervisor and a script's worker import the verdicts without it
         import torch.distributed as dist
 
         seconds, _ = self.clock.take()

@@ -37,6 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if not args.no_integration:
+        # only with the integration on: --no-integration shows the same loop without hpc_train
         from hpc_train import preemption
 
     dist.init_process_group("gloo")

@@ -257,6 +257,7 @@ def _warn(trainer: pl.Trainer, message: str) -> None:
 
 def _random_state() -> dict[str, Any]:
     """This process's random state, in types a weights-only ``torch.load`` reads back."""
+    # numpy only for a random state to save or restore
     import numpy as np
 
     kind, keys, position, has_gauss, gauss = np.random.get_state()
@@ -275,6 +276,7 @@ def _random_state() -> dict[str, Any]:
 
 
 def _set_random_state(state: Mapping[str, Any]) -> None:
+    # numpy only for a random state to save or restore
     import numpy as np
 
     torch.set_rng_state(state["torch"])
@@ -288,6 +290,7 @@ def _set_random_state(state: Mapping[str, Any]) -> None:
 
 def _gather(trainer: pl.Trainer, mine: Any) -> list[Any]:
     """Every rank's ``mine``, in rank order, on every rank (a collective)."""
+    # torch.distributed only for a gather across ranks
     import torch.distributed as dist
 
     if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
@@ -323,6 +326,7 @@ def _restore_history(trainer: pl.Trainer, saved: Mapping[str, Any]) -> None:
     data = getattr(experiment, "data", None)
     if not saved or not isinstance(data, dict):
         return
+    # pandas only for a logger that keeps a DataFrame (scvi-tools' history)
     import pandas as pd
 
     for metric, rows in saved.items():
@@ -352,6 +356,7 @@ def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
     """Continue the resumed epoch at its next batch. Lightning counts the batches already trained, but draws them
     again from a fresh iterator; here the train loaders' samplers skip them instead, in the order of this epoch
     (set first: Lightning sets it only after this hook), and the iterators are made anew."""
+    # Lightning's private helpers, only when a resumed epoch skips its trained batches
     from lightning.fabric.utilities.data import _set_sampler_epoch
     from lightning.fabric.utilities.types import _Stateful
     from torch.utils.data import DataLoader, IterableDataset

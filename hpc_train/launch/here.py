@@ -59,6 +59,7 @@ def allocation_nodes(cfg: Config, environ: Mapping[str, str] | None = None) -> l
 
 def launch_here(cfg: Config, run_dir: RunDir) -> int:
     """Run the supervisor in this process on this allocation; its exit status is the command's."""
+    # the supervisor only for cluster.slurm.submit=here
     from hpc_train.runtime.supervisor import step_argv, supervise
 
     nodes = allocation_nodes(cfg)

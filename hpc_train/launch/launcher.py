@@ -22,6 +22,8 @@ from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState, all_ranks
 from hpc_train.launch.reshape import record_reshape, reshaped
 from hpc_train.launch.state import ACTIVE_STATES, UNREACHABLE, sacct_state, squeue_state
+from hpc_train.mirror import Store, read_ledger
+from hpc_train.mirror.sync import holds_this_run
 from hpc_train.tracking import ensure_runs
 
 TRAINING_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_epochs", "trainer.early_stopping.patience")
@@ -219,9 +221,6 @@ def _check_something_to_resume(run_dir: RunDir, mirror: str) -> None:
     mirror counts (the ranks resume from it); a mirror that cannot be read from here is left to the ranks."""
     if run_dir.model_final.exists() and not run_dir.checkpoint_files():
         if mirror:
-            from hpc_train.mirror import Store, read_ledger
-            from hpc_train.mirror.sync import holds_this_run
-
             try:
                 ledger = read_ledger(Store(mirror))
             except Exception as exc:  # noqa: BLE001 - the store's library; the nodes may reach it
@@ -243,6 +242,7 @@ def _check_something_to_resume(run_dir: RunDir, mirror: str) -> None:
 
 def _hydra_overrides() -> list[str]:
     """The task overrides of the Hydra job running now: a single run's, or a local sweep element's."""
+    # Hydra only in a Hydra job: hpc_train.api launches without it
     from hydra.core.hydra_config import HydraConfig
 
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
@@ -250,6 +250,7 @@ def _hydra_overrides() -> list[str]:
 
 def launch(cfg: Config, run_dir: RunDir) -> int:
     """Start the job with the launcher ``cfg.cluster.launcher`` names; returns the exit code for the CLI."""
+    # submitit only for the launcher the config picks (both modules import this one)
     from hpc_train.launch.local import launch_debug, launch_local
     from hpc_train.launch.slurm import launch_slurm
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from hpc_train.config import Config, check_python, invalid
 from hpc_train.core.errors import ConfigError
+from hpc_train.tracking import missing_packages
 
 __all__ = [
     "check_cpus",
@@ -58,7 +59,6 @@ def preflight(cfg: Config) -> Config:
 def check_trackers(cfg: Config) -> None:
     """Each tracker the config names has its package here: the launcher creates the tracker's run, and the
     ranks log to it (an optional extra of hpc-train, imported only when configured)."""
-    from hpc_train.tracking import missing_packages
 
     for key, extra in missing_packages(cfg.tracking):
         value = cfg.tracking.mlflow.uri if key.startswith("tracking.mlflow") else cfg.tracking.wandb.project
@@ -75,6 +75,7 @@ def check_mirror(cfg: Config) -> None:
     trainer.mirror_hook's module can be found (imported by rank 0 only, at its start)."""
     tc = cfg.trainer
     if tc.mirror:
+        # fsspec only when a mirror is configured
         import fsspec
 
         protocol = fsspec.utils.get_protocol(tc.mirror)
@@ -147,6 +148,7 @@ def check_devices(cfg: Config, cuda_count: Callable[[], int] | None = None) -> N
     if not wants:
         return
     if cuda_count is None:
+        # torch (2 s) only to count the GPUs a config asks for
         import torch
 
         cuda_count = torch.cuda.device_count

@@ -94,6 +94,7 @@ def submit_slurm(
     Each run dir is owned by its job once submitted (``hpc_train.core.owner``): until the job ends, another
     launch into it is refused. A run dir this process has not claimed yet (a sweep's element) is claimed here,
     before the submission, and given back if nothing is submitted."""
+    # hpc_train.launch imports this module
     from hpc_train.launch import claim_run_dir
 
     leases: list[owner.Lease] = []
@@ -277,6 +278,7 @@ def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:
 
 
 def _submit_submitit(cfg: Config, spec: JobSpec, run_dirs: Sequence[RunDir], log_dir: Path) -> tuple[str, list[str]]:
+    # submitit only for cluster.slurm.submit=submitit
     import submitit
 
     from hpc_train.runtime import supervisor

@@ -126,6 +126,7 @@ def _request(cfg: Config) -> dict[str, Any]:
 def _submit_array(
     typed: list[Config], sweep_configs: list[DictConfig], job_overrides: Sequence[Sequence[str]]
 ) -> list[JobReturn]:
+    # hpc_train.launch imports this module (the Hydra launcher plugin)
     from hpc_train.launch import claim_run_dir, make_private, write_config
     from hpc_train.launch.slurm import submit_slurm
 

@@ -12,6 +12,7 @@ that a copy is checked by what the store gives back, not by what was sent.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable
 from contextlib import suppress
@@ -41,6 +42,7 @@ class Store:
     """One mirror: ``url`` is a local path or a URL; names are paths in the run dir (``checkpoints/step_9.pt``)."""
 
     def __init__(self, url: str) -> None:
+        # fsspec (and s3fs) only when a mirror is configured
         import fsspec
 
         self.url = url
@@ -93,7 +95,6 @@ class Store:
 
     def download(self, name: str, dest: Path) -> tuple[str, int]:
         """Copy ``name`` into the local file ``dest``, fsynced; the SHA-256 and size of what was read."""
-        import os
 
         with self.fs.open(self.path(name), "rb", block_size=CHUNK) as src, dest.open("wb") as out:
             found = _pump(src, out.write)

@@ -16,6 +16,7 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes through tqdm so log lines do not tear rank 0's progress bar."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        # tqdm only where a progress bar is drawn
         from tqdm import tqdm
 
         try:

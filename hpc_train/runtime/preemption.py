@@ -142,12 +142,14 @@ def reclaim_signals() -> None:
 def wait_for_all() -> None:
     """A barrier over the control group (bounded by the process group's timeout); nothing without a group."""
     if _initialized():
+        # torch only in a process that trains: this module is the API a script imports first
         import torch.distributed as dist
 
         dist.barrier(group=_group())
 
 
 def _initialized() -> bool:
+    # torch only in a process that trains: this module is the API a script imports first
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
@@ -155,6 +157,7 @@ def _initialized() -> bool:
 
 def _group() -> Any:
     global _control
+    # torch only in a process that trains: this module is the API a script imports first
     import torch.distributed as dist
 
     if _control is None:

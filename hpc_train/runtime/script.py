@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -47,9 +48,10 @@ from hpc_train.core.errors import LaunchError, tag_step
 from hpc_train.core.identity import ATTEMPT_VARIABLE, JobIdentity
 from hpc_train.core.records import StartupProfile
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.state import RankState, is_live, rank_process_alive
+from hpc_train.core.state import RankState, is_live, parent_pid, rank_process_alive
 from hpc_train.distributed import DistEnv
 from hpc_train.runtime.outcome import Fit
+from hpc_train.runtime.script_boot import release_distributed
 from hpc_train.runtime.script_clock import WINDOW_VARIABLE, judge_from_summaries
 from hpc_train.runtime.startup import Startup
 from hpc_train.tracking import script_environment
@@ -258,9 +260,6 @@ def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
     rank's environment, so that a breakpoint works and pdb's post-mortem lands in the script's own frame. An
     exception from the script goes on up as it is; ``sys.exit`` becomes the exit status. The environment,
     ``sys.argv`` and ``sys.path`` are put back afterwards."""
-    import runpy
-
-    from hpc_train.runtime.script_boot import release_distributed
 
     saved = dict(os.environ), list(sys.argv), list(sys.path)
     for key in TORCHRUN_VARIABLES:
@@ -417,6 +416,7 @@ def script_stragglers(rd: RunDir, env: DistEnv, cfg: Config) -> Iterator[None]:
     if env.rank != 0 or env.world_size < 2 or not sc.enabled or not cfg.script.torchrun_env:
         yield
         return
+    # torch only on rank 0 of a multi-rank script: the other ranks' workers stay without it
     from hpc_train.distributed.stragglers import StragglerJudge
     from hpc_train.runtime.observers import StragglerLog
 
@@ -533,7 +533,6 @@ class _Files:
 
 def _console_files() -> set[str]:
     """The files that this process and the processes it descends from write their stdout and stderr to."""
-    from hpc_train.core.state import parent_pid
 
     found: set[str] = set()
     pid: int | None = os.getpid()
@@ -547,6 +546,7 @@ def _console_files() -> set[str]:
 
 def _host_store(env: DistEnv, timeout: timedelta) -> Any:
     """The rendezvous store the scripts connect to as clients (TORCHELASTIC_USE_AGENT_STORE), served here."""
+    # torch only on the rank that hosts the scripts' store
     import torch.distributed as dist
 
     # torch's stubs do not re-export TCPStore (it lives in torch._C).

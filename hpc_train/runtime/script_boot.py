@@ -35,6 +35,7 @@ def release_distributed() -> None:
 def main(argv: list[str]) -> None:
     atexit.register(release_distributed)
     if os.environ.get("HPC_TRAIN_STRAGGLER_WINDOW_S"):  # the worker asked: time the script's DDP model
+        # only when the worker asked for the clock
         from hpc_train.runtime.script_clock import install
 
         install()

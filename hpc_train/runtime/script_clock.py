@@ -98,6 +98,7 @@ def _patch(module: ModuleType, window_s: float, rank: int, run_dir: Path) -> Non
 
 
 def _start(model: Any, window_s: float, rank: int, run_dir: Path) -> None:
+    # torch: the script has imported it by the time its model is wrapped
     from hpc_train.distributed.stragglers import ComputeClock, device_name
 
     parameter = next(model.parameters(), None)
@@ -128,6 +129,7 @@ def judge_from_summaries(
     """Rank 0's worker, every window: the verdict of ``judge`` (a ``StragglerJudge``) over each rank's newest
     figure no older than two ``window_s`` (the caller's window, or the summaries' period when that is longer),
     with its node's host; None when no figure is newer than the last judged."""
+    # torch: the script has imported it by the time its model is wrapped
     from hpc_train.distributed.stragglers import RankWindow
 
     newest: dict[int, tuple[RankCompute, str]] = {}

@@ -100,11 +100,13 @@ class Startup:
     @staticmethod
     def device(cfg: Config, env: DistEnv) -> torch.device:
         """Size torch's thread pool to the task's CPUs and pick this rank's device."""
+        # torch here, after the rank's first status: its import is the start-up profile's "imports" phase
         import torch
 
         # The optimizer and DDP import it on their first use (~1 s on 2 busy cores): here, it counts as an import.
         import torch._dynamo
 
+        # (process_group, with torch: imported with it, here)
         from hpc_train.distributed import auto_uses_cuda, select_device
 
         torch.set_num_threads(cfg.cluster.cpus_per_task)

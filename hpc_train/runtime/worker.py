@@ -20,20 +20,27 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc_train.config import Config
+from hpc_train.config import Config, load_config
+from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, on_nodes
 from hpc_train.core.errors import ExitCode
 from hpc_train.core.identity import JobIdentity
+from hpc_train.core.nodes import NODE_DIR_VARIABLE
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import RankState
 from hpc_train.core.textutil import plural
 from hpc_train.distributed import DistEnv, resolve_environment
 from hpc_train.runtime.faults import Fault, FaultObserver, armed_fault
 from hpc_train.runtime.logs import setup_logging
+from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, StragglerLog, TrackerRows
 from hpc_train.runtime.outcome import Fit, Outcome
-from hpc_train.runtime.script import ScriptError
+from hpc_train.runtime.requeue import after_stop
+from hpc_train.runtime.script import ScriptError, run_user_script
 from hpc_train.runtime.startup import Startup
 from hpc_train.runtime.timeouts import log_timeouts
 from hpc_train.tracking import TrackerLog
+from hpc_train.train.hooks import Observers
+from hpc_train.train.stopping import StopSignals, signal_number
+from hpc_train.train.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +96,6 @@ def _launch_key(env: DistEnv, job: JobIdentity) -> str:
 def _node_reporting(rd: RunDir) -> Iterator[None]:
     """The rank takes part in reporting its node (``hpc_train.core.nodes``); the processes it starts (a user's
     script) find the node's folder in NODE_DIR_VARIABLE."""
-    from hpc_train.core.nodes import NODE_DIR_VARIABLE
 
     if rd.node is None:  # no node-local folder could be made: the rank writes its own files
         yield
@@ -104,8 +110,6 @@ def _node_reporting(rd: RunDir) -> Iterator[None]:
 
 
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
-    from hpc_train.config import load_config
-    from hpc_train.config.shape import NODES_VARIABLE, on_nodes
 
     cfg = load_config(rd.config)
     if rd.node is not None:
@@ -113,8 +117,6 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
     if cfg.script.enabled:
-        from hpc_train.runtime.script import run_user_script
-
         if env.rank == 0 and cfg.script.torchrun_env:  # it hosts the scripts' store: torch, with the collector off
             import torch.distributed  # noqa: F401
         startup.done()
@@ -150,6 +152,7 @@ def _mirror(rd: RunDir, env: DistEnv, cfg: Config) -> Mirror | None:
     """Rank 0's mirror (trainer.mirror, trainer.mirror_hook); None elsewhere or when off."""
     if not env.is_main or not (cfg.trainer.mirror or cfg.trainer.mirror_hook):
         return None
+    # torch (mirroring names checkpoints): after the first status, as the trainer
     from hpc_train.runtime.mirroring import open_mirror
 
     return open_mirror(rd, cfg)
@@ -157,6 +160,7 @@ def _mirror(rd: RunDir, env: DistEnv, cfg: Config) -> Mirror | None:
 
 def _close_mirror(mirror: Mirror | None, cfg: Config, fit: Fit | None, env: DistEnv) -> None:
     if mirror is not None:
+        # imported with open_mirror already
         from hpc_train.runtime.mirroring import close_mirror
 
         close_mirror(mirror, cfg, fit, env.world_size)
@@ -164,7 +168,6 @@ def _close_mirror(mirror: Mirror | None, cfg: Config, fit: Fit | None, env: Dist
 
 def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) -> Outcome:
     """The rank's outcome: completed, or stopped (and requeued on Slurm, within the limits)."""
-    from hpc_train.runtime.requeue import after_stop
 
     if fit.completed:
         return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak, note=fit.note)
@@ -180,6 +183,8 @@ def _train(
     trackers: TrackerLog | None,
     mirror: Mirror | None,
 ) -> Fit:
+
+    # torch: after the first status, so that launchers see the rank before its 2 s of imports
     from hpc_train.distributed import distributed
 
     device = startup.device(cfg, env)
@@ -210,8 +215,6 @@ def _guards(
     Signals are caught from the worker's first line (``Startup``): one that comes during start-up is kept and
     acted on after step 1, so the stop still leaves a checkpoint. The watchdog ends a rank that stops making progress, after writing its stacks to the rank log.
     """
-    from hpc_train.train.stopping import StopSignals, signal_number
-    from hpc_train.train.watchdog import Watchdog
 
     stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT, signal.SIGHUP]).install()
     stop.received = stop.received or startup.stop_received  # a stop that came while torch was being imported
@@ -231,9 +234,7 @@ def _guards(
 def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt: int) -> None:
     """Every rank's host, device and rendezvous address, with the attempt (and for a job that asked for a node
     range, what it got, as the supervisor tells it): in rank 0's log and in the run dir."""
-    import logging
-
-    from hpc_train.config.shape import ASKED_VARIABLE
+    # (process_group, with torch: imported by the time the table is gathered)
     from hpc_train.distributed import gather_rank_table, summarize_rank_table
 
     rows = gather_rank_table(env, device)
@@ -263,13 +264,12 @@ def _observers(
     """What watches the trainer: the start-up profile, rank 0's goodput progress file and straggler verdicts, the
     watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
     is on record)."""
-    from hpc_train.runtime.observers import Heartbeat, Kicks, ProgressFile, StartupMarks, StragglerLog, TrackerRows
-    from hpc_train.train.hooks import Observers
 
     progress = [ProgressFile(rd, env.rank), StragglerLog(rd)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
     copies = []
     if mirror is not None:
+        # imported with open_mirror already
         from hpc_train.runtime.mirroring import MirrorCopies
 
         copies.append(MirrorCopies(mirror))
@@ -288,6 +288,7 @@ def _fit(
     startup: Startup,
 ) -> Fit:
     """Build the trainer, fit, close; what it reported outlives it (a failure carries its step: ``tag_step``)."""
+    # torch: after the first status, so that launchers see the rank before its 2 s of imports
     from hpc_train.train.trainer import Trainer
 
     trainer = Trainer(cfg, env, device, rd, stop=stop, observer=observer)

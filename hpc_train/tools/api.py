@@ -43,6 +43,7 @@ POLL_S = 1.0
 def compose_config(*overrides: str, config_dir: str | Path | None = None) -> Config:
     """The validated config ``python -m hpc_train <overrides>`` would run; raises ConfigError. Its paths are
     checked against this machine's files, as a submission checks them (``check_paths``)."""
+    # Hydra only when a config is composed
     from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException

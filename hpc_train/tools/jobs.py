@@ -27,6 +27,7 @@ from typing import Any
 
 from hpc_train.core.errors import ConfigError, ExitCode
 from hpc_train.core.files import atomic_write
+from hpc_train.core.goodput import ledger, pack_ledger
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.nodes import NODE_EVERY_S
@@ -35,6 +36,8 @@ from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table, number_ranges, plural
 from hpc_train.launch.state import JobState, job_state
+from hpc_train.tools.pull import cmd_pull
+from hpc_train.tools.timeline import summary
 
 __all__ = ["main"]
 
@@ -92,6 +95,7 @@ def resolve_target(target: str, roots: list[Path]) -> list[RunDir]:
 
 
 def _world_size(run_dir: RunDir) -> int:
+    # omegaconf only where a config is read: jobs status polls stay light
     from hpc_train.config import load_config
 
     try:
@@ -123,7 +127,6 @@ def _state(run_dir: RunDir) -> JobState:
 def _goodput(run_dir: RunDir, attempts: list[AttemptRecord]) -> dict[str, Any]:
     """The goodput ledger, brought up to now while the job runs (the supervisor writes it at each attempt's
     start and end; the running attempt's progress is on disk)."""
-    from hpc_train.core.goodput import ledger
 
     if not attempts:
         return {}
@@ -239,7 +242,6 @@ DAMAGED_HINT = (
 
 
 def cmd_status(runs: list[RunDir], as_json: bool) -> int:
-    from hpc_train.tools.timeline import summary
 
     rows, failures, damaged, unreadable, timelines, heard, startups, slow = [], [], [], [], [], [], [], []
     mirrors: list[str] = []
@@ -346,7 +348,6 @@ def _pack_ledgers(
 ) -> dict[tuple[str, ...], dict[str, Any]]:
     """The ledger of each pack (``cluster.pack``), by its members' run dirs; ``packed``: each pack's job id, as
     the members' job records say; ``goodputs``: the members' own ledgers already computed, by resolved run dir."""
-    from hpc_train.core.goodput import pack_ledger
 
     packs: dict[tuple[str, ...], dict[str, Any]] = {}
     for members, job_id in packed.items():
@@ -397,6 +398,7 @@ def cmd_logs(run_dir: RunDir, rank: int, slurm: bool, follow: bool, timeout_s: f
         print(Path(output).read_text(errors="replace") if Path(output).exists() else f"({output} does not exist yet)")
         return 0
     if follow:
+        # omegaconf only for --follow
         from hpc_train.launch.slurm import follow_slurm
 
         return follow_slurm(run_dir, _world_size(run_dir), limit_s=timeout_s, rank=rank)
@@ -465,8 +467,10 @@ def _cancel_local(run_dir: RunDir) -> bool:
 def cmd_restore_config(target: str) -> int:
     """Write a damaged or missing config.yaml again from the config the newest loadable checkpoint holds; the
     file it replaces is kept as config.yaml.damaged."""
+    # omegaconf and torch only for restore-config
     from omegaconf import OmegaConf
 
+    # omegaconf only where a config is read: jobs status polls stay light
     from hpc_train.config import load_config
     from hpc_train.train.checkpoint import find_resumable
 
@@ -586,8 +590,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "restore-config":
             return cmd_restore_config(args.run_dir)
         if args.command == "pull":
-            from hpc_train.tools.pull import cmd_pull
-
             return cmd_pull(args.mirror, Path(args.run_dir))
         runs = resolve_target(args.target, roots)
         if len(runs) != 1:

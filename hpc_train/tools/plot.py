@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpc_train.core.errors import ExitCode
 from hpc_train.core.rundir import RunDir
+from hpc_train.tools.timeline import plot_timeline
 from hpc_train.train.plots import plot_compare, plot_run, pyplot, save
 
 __all__ = ["main", "plot_compare", "plot_run", "pyplot", "save"]
@@ -29,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", action="store_true", help="draw each run's allocations and attempts instead")
     args = parser.parse_args(argv)
     if args.timeline:
-        from hpc_train.tools.timeline import plot_timeline
-
         for run_dir in args.run_dirs:
             try:
                 print(plot_timeline(run_dir))

@@ -25,6 +25,7 @@ __all__ = ["cmd_pull"]
 
 
 def cmd_pull(mirror: str, run_dir: Path) -> int:
+    # torch only to name the pulled checkpoints in the run dir's ledger
     from hpc_train.train.checkpoint import Checkpoints
 
     try:

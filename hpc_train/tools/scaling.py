@@ -25,6 +25,7 @@ from typing import Any
 from hpc_train.core.errors import ConfigError, ExitCode, LaunchError
 from hpc_train.core.textutil import format_table
 from hpc_train.tools.api import Run, compose_config, submit
+from hpc_train.train.plots import pyplot, save
 
 __all__ = ["Point", "main", "plan", "recommend", "summarize"]
 
@@ -118,7 +119,6 @@ def recommend(table: list[dict[str, Any]], threshold: float) -> dict[str, int]:
 
 
 def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
-    from hpc_train.train.plots import pyplot, save
 
     fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(10, 4))
     for key in sorted({(r["mode"], r["data_size"]) for r in table}, key=str):

@@ -20,6 +20,7 @@ from hpc_train.core.files import read_json
 from hpc_train.core.goodput import ledger
 from hpc_train.core.records import AttemptRecord, RequeueEntry
 from hpc_train.core.rundir import RunDir
+from hpc_train.train.plots import pyplot, save
 
 __all__ = ["Bar", "Mark", "Timeline", "plot_timeline", "timeline"]
 
@@ -215,7 +216,6 @@ def _checkpoint_marks(
 def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
     """Draw the run's timeline into ``out`` (default ``<run dir>/plots/timeline.png``); ValueError for a run
     with no Slurm allocation on record."""
-    from hpc_train.train.plots import pyplot, save
 
     rd = RunDir(Path(run_dir))
     line = timeline(rd)

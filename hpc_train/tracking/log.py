@@ -94,6 +94,7 @@ class _Mlflow(_Backend):
     _STATUS: ClassVar[Mapping[str, str]] = {"completed": "FINISHED", "stopped": "KILLED", "failed": "FAILED"}
 
     def open(self, attempt: int, note: str, params: Mapping[str, str]) -> None:
+        # the tracker package (an optional extra) only when it is configured
         from mlflow.entities import RunTag
         from mlflow.tracking import MlflowClient
 
@@ -113,6 +114,7 @@ class _Mlflow(_Backend):
         return max([*steps, recorded or 0]) or None
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        # the tracker package (an optional extra) only when it is configured
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -132,6 +134,7 @@ class _Wandb(_Backend):
         self.cfg, self.run_dir = cfg, run_dir
 
     def open(self, attempt: int, note: str, params: Mapping[str, str]) -> None:
+        # the tracker package (an optional extra) only when it is configured
         import wandb
 
         wc = self.cfg.tracking.wandb

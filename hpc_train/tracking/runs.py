@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from hpc_train.config import Config, TrackingConfig
 from hpc_train.core.records import TrackerRun
 from hpc_train.core.rundir import RunDir
@@ -78,6 +80,7 @@ def _patience() -> Iterator[None]:
 def mlflow_client(uri: str) -> Iterator[Any]:
     """An ``MlflowClient`` of ``uri``, whose requests give up after about half a minute."""
     with _patience():
+        # the tracker package (an optional extra) only when it is configured
         from mlflow.tracking import MlflowClient
 
         yield MlflowClient(tracking_uri=uri)
@@ -85,7 +88,6 @@ def mlflow_client(uri: str) -> Iterator[Any]:
 
 def flat_config(cfg: Config) -> dict[str, str]:
     """The resolved config as dotted keys and their values in text, as trackers take parameters."""
-    from omegaconf import OmegaConf
 
     tree = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     flat: dict[str, str] = {}
@@ -161,6 +163,7 @@ def _from_checkpoints(run_dir: RunDir, tracker: str, cfg: Config) -> TrackerRun 
 
 
 def _create_mlflow_run(run_dir: RunDir, cfg: Config) -> TrackerRun:
+    # the tracker package (an optional extra) only when it is configured
     from mlflow.entities import Param, RunTag
     from mlflow.exceptions import MlflowException
 

@@ -70,6 +70,7 @@ def offline_records(path: Path) -> Iterator[bytes]:
 
 def offline_step(wandb_dir: Path, run_id: str) -> int | None:
     """The latest history step that the offline folders of ``run_id`` hold, or None (no folder, no row)."""
+    # wandb (an optional extra) only to read a run's offline files
     from wandb.proto import wandb_internal_pb2
 
     latest: int | None = None

@@ -447,6 +447,7 @@ def capture_rng(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     try:
+        # numpy is optional for torch: only for a state that holds its random state
         import numpy as np
     except ImportError:  # numpy is optional for torch
         return state
@@ -461,6 +462,7 @@ def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
     if "numpy" in state:
+        # numpy is optional for torch: only for a state that holds its random state
         import numpy as np
 
         name, keys, pos, has_gauss, cached = state["numpy"]

@@ -52,6 +52,7 @@ def as_batch(batch: Any) -> Any:
 def make_datasets(cfg: DataConfig) -> tuple[Dataset[Any], Dataset[Any] | None]:
     """The user's data (``data.dataset``) or the synthetic set; the validation set may be None."""
     if cfg.dataset is not None:
+        # Hydra's instantiate only for a user's own data
         from hpc_train.train.usercode import call_target, split_datasets
 
         return split_datasets(call_target(cfg.dataset, "data.dataset"), cfg.dataset["_target_"])

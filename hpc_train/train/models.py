@@ -66,6 +66,7 @@ def build_model(
     mapping is called as the user wrote it and must return an nn.Module."""
     shape = [int(d) for d in input_shape]
     if isinstance(cfg, Mapping):
+        # Hydra's instantiate only for a user's own model
         from hpc_train.train.usercode import call_target
 
         model = call_target(cfg, "model")

@@ -10,6 +10,7 @@ import torch
 from hpc_train.config import Config
 from hpc_train.core.rundir import RunDir
 from hpc_train.distributed import DistEnv
+from hpc_train.train.plots import plot_run
 
 __all__ = ["Observer"]
 
@@ -88,8 +89,6 @@ class Observer:
             self._writer = None
         # Nothing to draw before the first logged row (a stop during the first steps).
         if self.main and self.tc.plots and self.run_dir.metrics.exists() and self.run_dir.metrics.stat().st_size:
-            from hpc_train.train.plots import plot_run
-
             try:
                 paths = plot_run(self.run_dir.path)
                 log.info("plots: %s", ", ".join(str(p) for p in paths))

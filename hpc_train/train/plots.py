@@ -16,9 +16,11 @@ __all__ = ["plot_compare", "plot_run", "pyplot", "save"]
 
 def pyplot() -> Any:
     """matplotlib.pyplot with the file-only Agg backend: works without a display, on compute nodes too."""
+    # matplotlib (0.5 s) only when a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
+    # matplotlib (0.5 s) only when a plot is drawn
     import matplotlib.pyplot as plt
 
     return plt

@@ -81,6 +81,8 @@ class StopSignals:
         # torch is imported here, not at the top: the launcher imports this module (signal_number) and must
         # not pay torch's start-up second before it has started a single rank.
         import torch
+
+        # torch only in the ranks: the launcher and the supervisor import this module
         import torch.distributed as dist
 
         if dist.get_world_size(group) == 1:  # nobody to agree with: no collective, no delay
@@ -96,6 +98,7 @@ class StopSignals:
         agreed at once: a blocking collective that every rank calls at the same points, for phases without
         steps (validation). The reduction ``agree_all`` may have in flight is unaffected: both run in the order
         they were issued, the same on every rank."""
+        # torch only in the ranks: the launcher and the supervisor import this module
         import torch
         import torch.distributed as dist
 

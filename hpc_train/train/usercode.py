@@ -18,6 +18,7 @@ Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def call_target(node: Mapping[str, Any], key: str) -> Any:
     """Call ``node['_target_']`` with the node's other entries as keyword arguments (hydra.utils.instantiate)."""
+    # Hydra only for a user's own _target_
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 

@@ -140,3 +140,31 @@ def test_the_rule_catches_an_import_reaching_up(where: str, source: str) -> None
 def test_the_rule_lets_a_layer_import_downwards() -> None:
     assert not violations(ROOT / "hpc_train/runtime/worker.py", "from hpc_train.train.trainer import Trainer\n")
     assert not violations(ROOT / "hpc_train/tools/jobs.py", "from ..launch.state import job_state\n")
+
+
+def test_every_function_level_import_says_why() -> None:
+    """An import inside a function hides the structure from readers and tools: each keeps torch, Hydra or an
+    optional extra out of a process that must stay light (the launcher, the supervisor, a rank before its first
+    status), or breaks an import loop, and says so in a comment on its line or above its block."""
+    unexplained = []
+    for path in sorted(ROOT.glob("hpc_train/**/*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        module_level = {
+            id(node)
+            for statement in tree.body
+            if not isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            for node in ast.walk(statement)
+        }
+        found = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in module_level]
+        block = {line for node in found for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+        for node in found:
+            if "#" in lines[node.lineno - 1]:
+                continue
+            above = node.lineno - 2  # the line above, past the rest of its block of imports and blank lines
+            while above >= 0 and (above + 1 in block or not lines[above].strip()):
+                above -= 1
+            if above < 0 or not lines[above].strip().startswith("#"):
+                unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not unexplained, "function-level imports without a reason:\n" + "\n".join(unexplained)
