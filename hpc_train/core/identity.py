@@ -9,7 +9,7 @@ dir, across requeues and in-allocation restarts: the Slurm supervisor hands each
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 __all__ = ["ATTEMPT_VARIABLE", "PACK_VARIABLE", "JobIdentity", "in_pack"]
@@ -43,9 +43,23 @@ class JobIdentity:
     attempt: int = 0
     """Which attempt of the run dir this is: the supervisor's number for the training step (HPC_TRAIN_ATTEMPT,
     counting requeues and in-allocation restarts), else Slurm's restart count, else the number a local launcher
-    handed the worker (``RunDir.next_attempt``). It names the rank logs."""
+    handed the worker (``JobIdentity.next_attempt``). It names the rank logs."""
     supervised: bool = False
     """The attempt number came from the Slurm supervisor, which tells its attempts' rank statuses apart by it."""
+
+    @staticmethod
+    def next_attempt(logged: int, recorded: Sequence[int] = ()) -> int:
+        """The number of a run dir's next attempt, the one place it is worked out: one more than any attempt before
+        it. ``logged``: the attempts that left their rank 0 log in the run dir (each names its log after its
+        number: ``RunDir.logged_attempts``); ``recorded``: the numbers of the attempts the Slurm supervisor
+        recorded (status/attempts.json), one per training step it ran."""
+        return max(logged, len(recorded), max(recorded, default=-1) + 1)
+
+    @staticmethod
+    def ran_before(logged: int, this_one_logged: bool) -> bool:
+        """Whether an attempt before this one ran in the run dir (``logged``: as ``next_attempt``;
+        ``this_one_logged``: this attempt's rank 0 has written its own log already)."""
+        return logged > (1 if this_one_logged else 0)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None, launched: int = 0) -> JobIdentity:

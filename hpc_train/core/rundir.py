@@ -59,7 +59,7 @@ from typing import IO, Any, TypeVar
 
 from hpc_train.core.errors import failed_step
 from hpc_train.core.files import Tail, atomic_write, read_json, write_json_atomic
-from hpc_train.core.identity import ATTEMPT_VARIABLE
+from hpc_train.core.identity import ATTEMPT_VARIABLE, JobIdentity
 from hpc_train.core.metrics import MetricsWriter, drop_rows_after, last_metrics, read_metrics
 from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.records import (
@@ -372,10 +372,15 @@ class RunDir:
 
     # ---- attempts -----------------------------------------------------------------------------------------
 
+    def logged_attempts(self) -> int:
+        """How many attempts left their rank 0 log here (``rank_0.log``, ``rank_0.restart<k>.log``)."""
+        return len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
+
     def next_attempt(self) -> int:
         """For a local launcher about to start the ranks: 0 for a fresh run dir, k when k earlier attempts left
-        their rank 0 logs here (the run is being resumed). The launcher hands it to every rank."""
-        return len([*self.logs.glob("rank_0.log"), *self.logs.glob("rank_0.restart*.log")])
+        their rank 0 logs here (the run is being resumed). The launcher hands it to every rank. Worked out by
+        ``JobIdentity.next_attempt``."""
+        return JobIdentity.next_attempt(self.logged_attempts())
 
     @property
     def attempts(self) -> Path:

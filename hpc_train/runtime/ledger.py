@@ -42,8 +42,7 @@ class AttemptLedger:
     def next_number(self) -> int:
         """The number of the next attempt: one more than any before it, in this allocation or an earlier one
         (a local launcher's attempts count by their rank 0 logs)."""
-        last = self.last
-        return max(len(self.attempts), self.rd.next_attempt(), last.attempt + 1 if last is not None else 0)
+        return JobIdentity.next_attempt(self.rd.logged_attempts(), [a.attempt for a in self.attempts])
 
     def failures_here(self) -> list[AttemptRecord]:
         """This allocation's failed attempts."""

@@ -35,6 +35,7 @@ import torch
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write, file_digest, read_json, write_json_atomic
+from hpc_train.core.identity import JobIdentity
 from hpc_train.core.rundir import RunDir
 
 __all__ = [
@@ -328,8 +329,7 @@ class Checkpoints:
     def _ran_before(self, repair: bool) -> bool:
         """Whether the run dir holds a run that trained before: an earlier attempt's rank 0 log (rank 0 of this
         attempt, ``repair``, has written its own log already)."""
-        logs = [*self.run_dir.logs.glob("rank_0.log"), *self.run_dir.logs.glob("rank_0.restart*.log")]
-        return len(logs) >= (2 if repair else 1)
+        return JobIdentity.ran_before(self.run_dir.logged_attempts(), this_one_logged=repair)
 
     def _adopt(self, path: Path, step: int) -> None:
         """Record a checkpoint from before the ledger once it has been verified and resumed from, so that later

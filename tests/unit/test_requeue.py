@@ -44,6 +44,18 @@ def test_restart_count_prefers_slurm(tmp_path: Path) -> None:
     assert rd.next_attempt() == 2  # the local launcher counts the attempts whose rank 0 logs are there
 
 
+def test_the_next_attempt_number_is_one_more_than_any_before_it() -> None:
+    """JobIdentity.next_attempt is the one place the number is worked out: from the attempts that left a rank 0
+    log and the supervisor's records, whichever says more (a record lost, a log purged, numbers with a gap)."""
+    assert JobIdentity.next_attempt(0) == 0
+    assert JobIdentity.next_attempt(2) == 2
+    assert JobIdentity.next_attempt(1, [0, 1, 2]) == 3
+    assert JobIdentity.next_attempt(5, [0, 1]) == 5
+    assert JobIdentity.next_attempt(0, [4]) == 5  # a gap: one more than the highest, never a number used before
+    assert not JobIdentity.ran_before(1, this_one_logged=True) and JobIdentity.ran_before(1, this_one_logged=False)
+    assert JobIdentity.ran_before(2, this_one_logged=True)
+
+
 def test_refusal_counts_restarts_and_stalls() -> None:
     cluster = ClusterConfig(launcher="slurm", max_restarts=3, max_stalled_restarts=1)
     assert refusal([attempt(0, 40)], 0, cluster) is None
