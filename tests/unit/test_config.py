@@ -141,7 +141,9 @@ def test_write_config_refuses_to_replace_another_run(tmp_path: Path) -> None:
     write_config(composed(), run_dir)
     write_config(composed(), run_dir)  # the same config again is fine (re-running in place)
     before = run_dir.config.read_text()
-    with pytest.raises(ConfigError, match=r"differs in what that run was trained with \(trainer\.lr: 0\.0001 -> 0\.5\)"):
+    with pytest.raises(
+        ConfigError, match=r"differs in what that run was trained with \(trainer\.lr: 0\.0001 -> 0\.5\)"
+    ):
         write_config(composed("trainer.lr=0.5", "trainer.max_steps=50"), run_dir)
     assert run_dir.config.read_text() == before
     write_config(composed("trainer.max_steps=50", "trainer.log_every_n_steps=5"), run_dir)  # train longer: fine

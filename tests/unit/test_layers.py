@@ -168,3 +168,15 @@ def test_every_function_level_import_says_why() -> None:
             if above < 0 or not lines[above].strip().startswith("#"):
                 unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     assert not unexplained, "function-level imports without a reason:\n" + "\n".join(unexplained)
+
+
+def test_the_architecture_notes_import_table_is_the_rule_enforced() -> None:
+    """docs/architecture.md's table of what each layer may import says what ALLOWED enforces."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = {}
+    for line in text.split("## The import rule", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in ALLOWED:
+            listed = cells[1].split("(", 1)[0]  # a note in parentheses is not a layer
+            rows[cells[0]] = {word.strip() for word in listed.split(",") if word.strip() in ALLOWED}
+    assert rows == ALLOWED
