@@ -286,7 +286,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                 {
                     "run_dir": str(rd.path),
                     "job_id": state.job_id,
-                    "pack": pack,
+                    "pack": pack.to_json() if pack is not None else None,
                     "pack_goodput": None,  # (below, once every run's own ledger is known)
                     "state": state.state,
                     "done": state.done,

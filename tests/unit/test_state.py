@@ -629,3 +629,24 @@ def test_the_run_plots_legends_cover_no_data_and_no_axis(tmp_path: Path, monkeyp
             assert axis is None or not box.overlaps(axis), "the legend covers the x axis"
         assert box.y0 >= fig.axes[0].get_window_extent(renderer).y1
         plots.pyplot().close(fig)
+
+
+def test_jobs_status_of_a_pack_member_names_its_pack(  # type: ignore[no-untyped-def]
+    tmp_path: Path, scheduler, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A member of a pack (cluster.pack): its job record's place in the pack reaches the table and --json."""
+    from hpc_train.core.records import JobRecord, PackPlace
+
+    scheduler(squeue="RUNNING\n", sacct=None)
+    config = "cluster: {launcher: slurm, tasks_per_node: 1}\nmodel: {name: mlp}\noptim: {name: adamw}\n"
+    members = [RunDir(tmp_path / "sweep" / str(i)) for i in range(2)]
+    place = tuple(str(m.path.resolve()) for m in members)
+    for i, rd in enumerate(members):
+        rd.status_dir.mkdir(parents=True)
+        rd.config.write_text(config)
+        rd.write_job_record(JobRecord(job_id="7_0", pack=PackPlace(index=i, members=place)))
+    assert jobs_main(["status", str(members[1].path)]) == 0
+    assert "pack member 1 of 2 in job 7_0" in capsys.readouterr().out
+    assert jobs_main(["status", "--json", str(members[0].path)]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["pack"] == {"index": 0, "members": list(place)} and record["pack_goodput"] is not None
