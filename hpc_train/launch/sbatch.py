@@ -157,14 +157,14 @@ def job_spec(
     )
 
 
-def _one_line(key: str, value: str) -> str:
-    """``value`` for the script's command; refused with a control character (validation refuses those in every
-    config value already: this guards what reaches the script by another way)."""
-    if control_character(value):
-        raise ConfigError(
-            f"{key}={value!r} holds a control character, which a job script must not carry. HINT: remove it"
-        )
-    return value
+def _check_one_line(key: str, values: Sequence[str]) -> None:
+    """Refuse ``values`` for the script's command when one holds a control character (validation refuses those
+    in every config value already: this guards what reaches the script by another way)."""
+    for value in values:
+        if control_character(value):
+            raise ConfigError(
+                f"{key}={value!r} holds a control character, which a job script must not carry. HINT: remove it"
+            )
 
 
 def _flag_line(key: str, value: str | None) -> str:
@@ -182,6 +182,7 @@ def _flag_line(key: str, value: str | None) -> str:
 
 def render_sbatch(spec: JobSpec) -> str:
     """The standalone sbatch script for ``spec``."""
+    _check_one_line("trainer.mirror", spec.mirrors)
     flags = dict(spec.flags)
     flags["output"] = spec.output
     flags["open-mode"] = "append"  # a requeued job adds to its log instead of truncating it
@@ -205,9 +206,7 @@ def render_sbatch(spec: JobSpec) -> str:
         lines.append("RUN_DIRS=(" + " ".join(shlex.quote(str(d)) for d in spec.run_dirs) + ")")
         lines.append("RUN_DIR=${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}")
         if spec.mirrors:
-            lines.append(
-                "MIRRORS=(" + " ".join(shlex.quote(_one_line("trainer.mirror", m)) for m in spec.mirrors) + ")"
-            )
+            lines.append("MIRRORS=(" + " ".join(shlex.quote(m) for m in spec.mirrors) + ")")
     else:
         lines.append(f"RUN_DIR={shlex.quote(str(spec.run_dirs[0]))}")
     if spec.setup:
@@ -225,7 +224,7 @@ def render_sbatch(spec: JobSpec) -> str:
         command = shlex.join([*spec.python_command, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
         if spec.mirrors:  # read from here, not from the run dir: a scratch purge may have emptied that
             mirror = '"${MIRRORS[$SLURM_ARRAY_TASK_ID]}"' if spec.is_array else shlex.quote(spec.mirrors[0])
-            command += f" --mirror {_one_line('trainer.mirror', mirror)}"
+            command += f" --mirror {mirror}"
         about = [
             f"# The supervisor runs the training step (srun ... python -m {WORKER}) on the healthy nodes, and starts",
             "# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).",

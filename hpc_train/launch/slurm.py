@@ -356,7 +356,7 @@ def _follow(run_dir: RunDir, world_size: int, limit_s: float, rank: int) -> int:
             verdict = "completed" if state.ok else f"ended {state.state}"
             stream = sys.stdout if state.ok else sys.stderr
             print(f"hpc_train: {job} {verdict}. {state.detail}. Run dir: {run_dir.path}", file=stream)
-            return 0 if state.ok else 1
+            return ExitCode.OK if state.ok else ExitCode.FAILED
         if time.monotonic() > deadline:
             _stop_following(run_dir, f"stopped following after {limit_s:.0f}s with {job} {state.state}")
             return ExitCode.FAILED
