@@ -218,7 +218,7 @@ def render_sbatch(spec: JobSpec) -> str:
         about = [
             "# The pack's supervisor runs one supervisor per run dir, side by side: each runs its training step",
             f"# (srun --exact ... python -m {WORKER}) on its share of the allocation, and starts it again after a",
-            "# failure worth retrying; the job is requeued once, after every member stopped (README: packing).",
+            "# failure worth retrying; the job is requeued once, after every member stopped (docs/slurm.md).",
         ]
     else:
         command = shlex.join([*spec.python_command, "-u", "-m", SUPERVISOR, "--run-dir"]) + ' "$RUN_DIR"'
@@ -227,7 +227,7 @@ def render_sbatch(spec: JobSpec) -> str:
             command += f" --mirror {mirror}"
         about = [
             f"# The supervisor runs the training step (srun ... python -m {WORKER}) on the healthy nodes, and starts",
-            "# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).",
+            "# it again in this allocation after a failure worth retrying (the manual: docs/recovery.md).",
         ]
     lines += [
         "",

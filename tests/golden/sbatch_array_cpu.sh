@@ -20,7 +20,7 @@ set -u
 
 # ---- command ----
 # The supervisor runs the training step (srun ... python -m hpc_train.worker) on the healthy nodes, and starts
-# it again in this allocation after a failure worth retrying (see the README: in-allocation restart).
+# it again in this allocation after a failure worth retrying (the manual: docs/recovery.md).
 # Slurm sends SIGUSR2 to the ranks before the time limit; `scancel --full` would also send it
 # here, where bash would die of it and lose the exit status. So this shell only notes it and keeps waiting.
 trap 'echo "hpc_train: batch shell got SIGUSR2; the ranks handle it" >&2' USR2

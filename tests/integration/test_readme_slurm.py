@@ -1,4 +1,4 @@
-"""The cluster=slurm examples of README.md and slurm/README.md, run on the testbed."""
+"""The cluster=slurm examples of README.md and the manual (docs/), run on the testbed."""
 
 from __future__ import annotations
 

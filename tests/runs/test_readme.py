@@ -1,5 +1,5 @@
-"""Every example in README.md runs: python blocks are executed, `python -m hpc_train` lines are launched
-(the cluster=slurm ones in tests/integration/test_readme_slurm.py)."""
+"""Every example in README.md and the manual (docs/) runs: python blocks are executed, `python -m hpc_train` lines
+are launched (the cluster=slurm ones in tests/integration/test_readme_slurm.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ..readme_examples import (
     cli_examples,
     code_blocks,
     is_slurm,
+    manual_blocks,
     module_files,
     prepare_cwd,
     shrunk,
@@ -37,14 +38,14 @@ def test_readme_opens_with_the_two_commands() -> None:
 
 @pytest.mark.slow
 def test_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every python block runs (the notebook one trains two small models, in a scratch folder)."""
+    """Every python block of the manual runs (the notebook one trains two small models, in a scratch folder)."""
     monkeypatch.chdir(tmp_path)
     prepare_cwd(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    python_blocks = [body for lang, body in code_blocks(README) if lang == "python"]
+    python_blocks = [body for lang, body in manual_blocks() if lang == "python"]
     assert len(python_blocks) >= 3 and "my_models.py" in module_files()
     for body in python_blocks:
-        exec(compile(body, "README.md", "exec"), {})
+        exec(compile(body, "the manual", "exec"), {})
     assert len(list((tmp_path / "outputs").glob("*/*/model_final.pt"))) == 2
 
 
@@ -53,7 +54,7 @@ def test_examples_found() -> None:
     assert len(cli_examples()) - len(LOCAL_EXAMPLES) >= 5
 
 
-# The Configuration section's examples, run as the README writes them: each must learn within its budget.
+# The Configuration page's examples, run as the manual writes them: each must learn within its budget.
 TEACHING = [args for args in LOCAL_EXAMPLES if args[0] in ("trainer.max_steps=200", "model=cnn", "cluster=debug")]
 
 
@@ -77,7 +78,7 @@ def test_the_teaching_examples_are_found() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("args", TEACHING, ids=" ".join)
 def test_configuration_examples_learn(args: list[str], run_cli) -> None:  # type: ignore[no-untyped-def]
-    """Unshrunk: the final validation accuracy is well above chance (0.1), as the README says."""
+    """Unshrunk: the final validation accuracy is well above chance (0.1), as the manual says."""
     from hpc_train.core.metrics import read_metrics
 
     proc, run_dir = run_cli(*args, "trainer.progress_bar=false", timeout=300)
@@ -111,7 +112,7 @@ def test_user_repository_example_is_complete() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [a for a in user_repo_examples() if "cluster=mycluster" not in a], ids=" ".join)
 def test_user_repository_runs_here(args: list[str], tmp_path: Path) -> None:
-    """The README's user repository (its own conf/ and model module, outside this repo) trains locally through
+    """The manual's user repository (its own conf/ and model module, outside this repo) trains locally through
     the installed console script; its model, data and experiment come from its own folder."""
     import subprocess
     import sys

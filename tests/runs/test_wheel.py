@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import CONF, REPO
-from ..readme_examples import code_blocks
+from ..readme_examples import manual_blocks
 
 pytestmark = pytest.mark.slow
 
@@ -151,8 +151,8 @@ def test_slurm_dry_run_from_an_empty_folder(venv: Path, tmp_path: Path, entry: s
 
 
 def test_readme_copies_the_examples_out_of_the_wheel(venv: Path, tmp_path: Path) -> None:
-    """The README's one line that copies the example scripts works on an installed wheel."""
-    bash = [body for lang, body in code_blocks((REPO / "README.md").read_text()) if lang == "bash"]
+    """The manual's one line that copies the example scripts works on an installed wheel."""
+    bash = [body for lang, body in manual_blocks() if lang == "bash"]
     (copy,) = [line for body in bash for line in body.splitlines() if "hpc_train.examples as e" in line]
     env = {**clean_env(), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     sh("bash", "-c", copy, cwd=tmp_path, env=env)
