@@ -15,19 +15,252 @@ its last step when it completed (or still runs). Then, in seconds:
   start, and the supervisor's own start and end
 
 ``ettr`` (effective training time ratio) = productive time / allocated time, in [0, 1].
+
+The ledger is a ``GoodputLedger`` (a pack's, ``PackLedger``); ``to_json`` gives what ``status/goodput.json``
+and ``jobs status --json`` hold.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, Progress
+from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, FailureKind, Growth, Progress
 
-__all__ = ["ledger", "pack_ledger", "step_seconds"]
+__all__ = [
+    "AttemptTimes",
+    "GoodputLedger",
+    "GrowthCost",
+    "PackLedger",
+    "Restart",
+    "ShapeChange",
+    "ledger",
+    "pack_ledger",
+    "step_seconds",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptTimes:
+    """Where one attempt's time went (an entry of the ledger's ``per_attempt``)."""
+
+    attempt: int
+    """The attempt's number."""
+    job_id: str
+    """The Slurm job it ran in."""
+    outcome: AttemptOutcome
+    """What it came to."""
+    failure: FailureKind | None
+    """What it failed of (JSON ``class``); None when it did not fail."""
+    nodes: tuple[str, ...]
+    """The hosts it ran on."""
+    ranks: int | None
+    """How many ranks it ran (None in records written before it was kept)."""
+    resumed_step: float | None
+    """The step it resumed from (None before it reported a step)."""
+    last_step: float | None
+    """The latest step it reported (None: none)."""
+    kept_step: float | None
+    """The step the run kept from it: the one the next attempt resumed from, or its last when it completed."""
+    startup_s: float
+    """Seconds from its start to when its first step began."""
+    productive_s: float
+    """Seconds from there to when it reached the kept step."""
+    redone_s: float
+    """Seconds of the rest: steps after the last checkpoint, done again by the next attempt, and a teardown."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "job_id": self.job_id,
+            "outcome": self.outcome.value,
+            "class": None if self.failure is None else self.failure.value,
+            "nodes": list(self.nodes),
+            "ranks": self.ranks,
+            "resumed_step": self.resumed_step,
+            "last_step": self.last_step,
+            "kept_step": self.kept_step,
+            "startup_s": self.startup_s,
+            "productive_s": self.productive_s,
+            "redone_s": self.redone_s,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restart:
+    """A failed attempt and the attempt after it that made a step: how long the run took to train again."""
+
+    after_attempt: int
+    """The failed attempt's number."""
+    failure: FailureKind
+    """What it failed of (JSON ``class``)."""
+    in_allocation: bool
+    """The next attempt ran in the same allocation (not after a requeue)."""
+    latency_s: float
+    """Seconds from the failed attempt's latest step (its start, when it made none) to the next one's first."""
+    ranks_before: int | None
+    """The failed attempt's rank count and the next one's: fewer after than before when the job went on with the
+    nodes that were left (``cluster.min_nodes``); None in records written before it was kept."""
+    ranks_after: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "after_attempt": self.after_attempt,
+            "class": self.failure.value,
+            "in_allocation": self.in_allocation,
+            "latency_s": self.latency_s,
+            "ranks_before": self.ranks_before,
+            "ranks_after": self.ranks_after,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeChange:
+    """A change of the rank count from one attempt to the next: nodes lost (``cluster.min_nodes``), or a job that
+    asks for a node range given another count after a requeue."""
+
+    after_attempt: int
+    """The number of the attempt before the change."""
+    in_allocation: bool
+    """The two attempts ran in the same allocation."""
+    nodes_before: int
+    """The node count of the attempt before the change, and of the one after it."""
+    nodes_after: int
+    ranks_before: int
+    """The rank count of the attempt before the change, and of the one after it."""
+    ranks_after: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "after_attempt": self.after_attempt,
+            "in_allocation": self.in_allocation,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "ranks_before": self.ranks_before,
+            "ranks_after": self.ranks_after,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrowthCost:
+    """A stop to come back on more nodes (``cluster.slurm.grow_every_min``), as it came out: the first attempt
+    after the decision, its node count and first step."""
+
+    time: float
+    """When the supervisor decided (a time stamp)."""
+    nodes_before: int
+    """The node count before the stop."""
+    nodes_expected: int
+    """The node count that would have started at once."""
+    nodes_after: int | None
+    """The node count of the first attempt after the decision (None before there is one)."""
+    estimated_cost_s: float | None
+    """The supervisor's estimate of the cost, in seconds."""
+    cost_s: float | None
+    """Seconds from the decision to the first step on the nodes the requeued job got (None before that step)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "nodes_before": self.nodes_before,
+            "nodes_expected": self.nodes_expected,
+            "nodes_after": self.nodes_after,
+            "estimated_cost_s": self.estimated_cost_s,
+            "cost_s": self.cost_s,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoodputLedger:
+    """The goodput ledger of a run (``status/goodput.json``): where the time it held its allocations went."""
+
+    ettr: float
+    """Productive time / allocated time, in [0, 1] (0 with no allocated time)."""
+    wall_s: float
+    """Seconds of allocated time: the allocations' spans (what still runs, until now)."""
+    productive_s: float
+    """Seconds of the attempts' productive time."""
+    lost_s: float
+    """Seconds of allocated time that were not productive."""
+    startup_s: float
+    """Seconds of the attempts' start-ups."""
+    redone_s: float
+    """Seconds of the attempts' work done again (and teardowns)."""
+    restart_gaps_s: float
+    """Seconds of allocated time outside every attempt."""
+    allocations: int
+    """How many allocations the run held."""
+    attempts: int
+    """How many attempts the supervisor ran."""
+    failures: int
+    """How many of them failed."""
+    restarts: tuple[Restart, ...]
+    """Each failed attempt followed by one that made a step."""
+    reshapes: tuple[ShapeChange, ...]
+    """Every change of the rank count from one attempt to the next."""
+    growths: tuple[GrowthCost, ...]
+    """Each stop to come back on more nodes, from the decision to the first step on the nodes the requeued job
+    got. Its parts are counted above too (the stop, the queue, the start-up)."""
+    growth_s: float
+    """Seconds the growths cost, those with a first step after them."""
+    per_attempt: tuple[AttemptTimes, ...]
+    """Each attempt's times, oldest first."""
+    updated: float
+    """When the ledger was made (a time stamp): the "now" that ends what still runs."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ettr": self.ettr,
+            "wall_s": self.wall_s,
+            "productive_s": self.productive_s,
+            "lost_s": self.lost_s,
+            "startup_s": self.startup_s,
+            "redone_s": self.redone_s,
+            "restart_gaps_s": self.restart_gaps_s,
+            "allocations": self.allocations,
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "restarts": [r.to_json() for r in self.restarts],
+            "reshapes": [r.to_json() for r in self.reshapes],
+            "growths": [g.to_json() for g in self.growths],
+            "growth_s": self.growth_s,
+            "per_attempt": [r.to_json() for r in self.per_attempt],
+            "updated": self.updated,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackLedger:
+    """The goodput ledger of a pack (``cluster.pack``): the time its jobs were held for all its members, and how
+    much of it they trained."""
+
+    members: int
+    """How many members the pack has."""
+    allocations: int
+    """How many allocations its jobs held."""
+    wall_s: float
+    """Seconds its jobs were held: each allocation from its first member's start to its last one's end."""
+    productive_s: float
+    """Seconds of the members' productive time, all together."""
+    ettr: float
+    """The members' productive time over what the pack held for all of them (members x wall), in [0, 1]."""
+    job_id: str | None = None
+    """The pack's Slurm job (``jobs status``); left out of the JSON when None."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "members": self.members,
+            "allocations": self.allocations,
+            "wall_s": self.wall_s,
+            "productive_s": self.productive_s,
+            "ettr": self.ettr,
+        }
+        if self.job_id is not None:
+            out["job_id"] = self.job_id
+        return out
 
 
 def _float(value: float | None) -> float | None:
@@ -93,18 +326,18 @@ class _Steps:
         return self.first_time + (step - self.first_step) * self.step_s
 
 
-def _grown(growth: Growth, attempts: Sequence[AttemptRecord]) -> dict[str, Any]:
+def _grown(growth: Growth, attempts: Sequence[AttemptRecord]) -> GrowthCost:
     """A growth as it came out: the first attempt after the decision, its node count and first step."""
     after = next((a for a in attempts if (a.start or 0.0) > growth.time), None)
     first = after.progress.first_time if after is not None and after.progress is not None else None
-    return {
-        "time": growth.time,
-        "nodes_before": growth.nodes_before,
-        "nodes_expected": growth.nodes_expected,
-        "nodes_after": len(after.nodes) if after is not None else None,
-        "estimated_cost_s": growth.cost_s,
-        "cost_s": round(first - growth.time, 3) if first else None,
-    }
+    return GrowthCost(
+        time=growth.time,
+        nodes_before=growth.nodes_before,
+        nodes_expected=growth.nodes_expected,
+        nodes_after=len(after.nodes) if after is not None else None,
+        estimated_cost_s=growth.cost_s,
+        cost_s=round(first - growth.time, 3) if first else None,
+    )
 
 
 def step_seconds(progress: Progress | None) -> float | None:
@@ -135,13 +368,13 @@ def ledger(
     attempts: Sequence[AttemptRecord],
     now: float | None = None,
     growths: Sequence[Growth] = (),
-) -> dict[str, Any]:
+) -> GoodputLedger:
     """The ledger of a run (what ``status/goodput.json`` holds); ``growths``: its stops to come back on more
     nodes, whose cost is a category of its own (``growth_s``)."""
     now = time.time() if now is None else now
     wall = sum(max(0.0, _until(a.end, now) - a.start) for a in allocations)
-    rows: list[dict[str, Any]] = []
-    restarts: list[dict[str, Any]] = []
+    rows: list[AttemptTimes] = []
+    restarts: list[Restart] = []
     for i, attempt in enumerate(attempts):
         after = attempts[i + 1] if i + 1 < len(attempts) else None
         steps = _Steps.of(attempt.progress)
@@ -157,82 +390,81 @@ def ledger(
             startup, productive = end - start, 0.0
         failure = attempt.failure
         rows.append(
-            {
-                "attempt": attempt.attempt,
-                "job_id": attempt.job_id,
-                "outcome": attempt.outcome.value,
-                "class": failure.kind if failure is not None else None,
-                "nodes": list(attempt.nodes),
-                "ranks": attempt.ranks,
-                "resumed_step": _resumed(attempt.progress),
-                "last_step": _float(attempt.progress.step) if attempt.progress is not None else None,
-                "kept_step": kept,
-                "startup_s": round(startup, 3),
-                "productive_s": round(productive, 3),
-                "redone_s": round(max(0.0, end - start - startup - productive), 3),
-            }
+            AttemptTimes(
+                attempt=attempt.attempt,
+                job_id=attempt.job_id,
+                outcome=attempt.outcome,
+                failure=failure.kind if failure is not None else None,
+                nodes=attempt.nodes,
+                ranks=attempt.ranks,
+                resumed_step=_resumed(attempt.progress),
+                last_step=_float(attempt.progress.step) if attempt.progress is not None else None,
+                kept_step=kept,
+                startup_s=round(startup, 3),
+                productive_s=round(productive, 3),
+                redone_s=round(max(0.0, end - start - startup - productive), 3),
+            )
         )
         after_steps = _Steps.of(after.progress) if after is not None else None
         if failure is not None and after is not None and after_steps is not None:
             restarts.append(
-                {
-                    "after_attempt": attempt.attempt,
-                    "class": failure.kind,
-                    "in_allocation": after.allocation == attempt.allocation,
-                    "latency_s": round(after_steps.first_time - (steps.time if steps is not None else start), 3),
-                    # Fewer after than before: the job went on with the nodes that were left (cluster.min_nodes).
-                    "ranks_before": attempt.ranks,
-                    "ranks_after": after.ranks,
-                }
+                Restart(
+                    after_attempt=attempt.attempt,
+                    failure=failure.kind,
+                    in_allocation=after.allocation == attempt.allocation,
+                    latency_s=round(after_steps.first_time - (steps.time if steps is not None else start), 3),
+                    ranks_before=attempt.ranks,
+                    ranks_after=after.ranks,
+                )
             )
-    reshapes = [
-        {
-            "after_attempt": before.attempt,
-            "in_allocation": after.allocation == before.allocation,
-            "nodes_before": len(before.nodes),
-            "nodes_after": len(after.nodes),
-            "ranks_before": before.ranks,
-            "ranks_after": after.ranks,
-        }
+    reshapes = tuple(
+        ShapeChange(
+            after_attempt=before.attempt,
+            in_allocation=after.allocation == before.allocation,
+            nodes_before=len(before.nodes),
+            nodes_after=len(after.nodes),
+            ranks_before=before.ranks,
+            ranks_after=after.ranks,
+        )
         for before, after in itertools.pairwise(attempts)
         if before.ranks and after.ranks and before.ranks != after.ranks
-    ]
-    grown = [_grown(g, attempts) for g in growths]
-    productive = sum(r["productive_s"] for r in rows)
-    startup = sum(r["startup_s"] for r in rows)
-    redone = sum(r["redone_s"] for r in rows)
+    )
+    grown = tuple(_grown(g, attempts) for g in growths)
+    productive = sum(r.productive_s for r in rows)
+    startup = sum(r.startup_s for r in rows)
+    redone = sum(r.redone_s for r in rows)
     in_attempts = startup + productive + redone
-    return {
-        "ettr": round(min(1.0, productive / wall), 4) if wall > 0 else 0.0,
-        "wall_s": round(wall, 3),
-        "productive_s": round(productive, 3),
-        "lost_s": round(max(0.0, wall - productive), 3),
-        "startup_s": round(startup, 3),
-        "redone_s": round(redone, 3),
-        "restart_gaps_s": round(max(0.0, wall - in_attempts), 3),
-        "allocations": len(allocations),
-        "attempts": len(attempts),
-        "failures": sum(1 for a in attempts if a.failure is not None),
-        "restarts": restarts,
-        # Every change of the rank count from one attempt to the next: nodes lost (cluster.min_nodes), or a job
-        # that asks for a node range given another count after a requeue.
-        "reshapes": reshapes,
-        # Each stop to come back on more nodes (cluster.slurm.grow_every_min): from the decision to the first step on
-        # the nodes the requeued job got. Its parts are counted above too (the stop, the queue, the start-up).
-        "growths": grown,
-        "growth_s": round(sum(g["cost_s"] for g in grown if g["cost_s"] is not None), 3),
-        "per_attempt": rows,
-        "updated": now,
-    }
+    return GoodputLedger(
+        ettr=round(min(1.0, productive / wall), 4) if wall > 0 else 0.0,
+        wall_s=round(wall, 3),
+        productive_s=round(productive, 3),
+        lost_s=round(max(0.0, wall - productive), 3),
+        startup_s=round(startup, 3),
+        redone_s=round(redone, 3),
+        restart_gaps_s=round(max(0.0, wall - in_attempts), 3),
+        allocations=len(allocations),
+        attempts=len(attempts),
+        failures=sum(1 for a in attempts if a.failure is not None),
+        restarts=tuple(restarts),
+        reshapes=reshapes,
+        growths=grown,
+        growth_s=round(sum(g.cost_s for g in grown if g.cost_s is not None), 3),
+        per_attempt=tuple(rows),
+        updated=now,
+    )
 
 
 def pack_ledger(
-    allocations: Sequence[Sequence[Allocation]], ledgers: Sequence[Mapping[str, Any]], now: float | None = None
-) -> dict[str, Any]:
+    allocations: Sequence[Sequence[Allocation]],
+    ledgers: Sequence[GoodputLedger | None],
+    now: float | None = None,
+    job_id: str | None = None,
+) -> PackLedger:
     """The ledger of a pack (``cluster.pack``) from its members' own: each member's ``allocations`` (the same
-    jobs, each as long as that member's supervisor held it) and ``ledgers``. The pack's wall is the time its
-    jobs were held (an allocation from its first member's start to its last one's end); its ETTR is the
-    members' productive time over what the pack held for all of them (members x wall)."""
+    jobs, each as long as that member's supervisor held it) and ``ledgers`` (None for a member with no attempt
+    yet). The pack's wall is the time its jobs were held (an allocation from its first member's start to its
+    last one's end); its ETTR is the members' productive time over what the pack held for all of them (members
+    x wall). ``job_id``: the pack's job, when the caller knows it."""
     now = time.time() if now is None else now
     spans: dict[tuple[str, int], tuple[float, float]] = {}
     for member in allocations:
@@ -240,12 +472,13 @@ def pack_ledger(
             start, end = spans.get(a.allocation, (a.start, _until(a.end, now)))
             spans[a.allocation] = (min(start, a.start), max(end, _until(a.end, now)))
     wall = sum(max(0.0, end - start) for start, end in spans.values())
-    productive = sum(float(g.get("productive_s", 0.0)) for g in ledgers)
+    productive = sum(float(g.productive_s) if g is not None else 0.0 for g in ledgers)
     held = wall * len(ledgers)
-    return {
-        "members": len(ledgers),
-        "allocations": len(spans),
-        "wall_s": round(wall, 3),
-        "productive_s": round(productive, 3),
-        "ettr": round(min(1.0, productive / held), 4) if held > 0 else 0.0,
-    }
+    return PackLedger(
+        members=len(ledgers),
+        allocations=len(spans),
+        wall_s=round(wall, 3),
+        productive_s=round(productive, 3),
+        ettr=round(min(1.0, productive / held), 4) if held > 0 else 0.0,
+        job_id=job_id,
+    )

@@ -41,13 +41,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.files import atomic_write
 from hpc_train.core.identity import JobIdentity
+from hpc_train.core.records import LeaseRecord, LeaseWatcher
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import is_live, pid_alive, process_start, rank_process_alive
 
@@ -92,8 +93,12 @@ def _lease_path(run_dir: Path) -> Path:
     return Path(run_dir) / LEASE_FILE
 
 
-def _when(stamp: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp))) if isinstance(stamp, int | float) else "?"
+def _when(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp))) if stamp is not None else "?"
+
+
+def _said(value: object) -> str:
+    return "?" if value is None else str(value)
 
 
 # ---- the owner, as a lease describes it ------------------------------------------------------------------------
@@ -103,7 +108,7 @@ def _when(stamp: Any) -> str:
 class Owner:
     """A lease's record and what was concluded about it."""
 
-    record: dict[str, Any]
+    record: LeaseRecord
     live: bool | None
     """True: the owner runs; False: it is gone (the lease may be taken over); None: it cannot be told."""
     why: str
@@ -111,52 +116,52 @@ class Owner:
 
     @property
     def job_id(self) -> str | None:
-        job = self.record.get("job_id")
-        return str(job) if job and self.record.get("kind") == "slurm" else None
+        job = self.record.job_id
+        return job if job and self.record.kind == "slurm" else None
 
     def describe(self) -> str:
         """Who owns the run dir, since when, and why that owner counts as live."""
         rec = self.record
-        who = f"{rec.get('user', '?')} from {rec.get('host', '?')}"
+        who = f"{_said(rec.user)} from {_said(rec.host)}"
         if self.job_id:
-            return f"Slurm job {self.job_id} ({self.why}), submitted by {who} at {_when(rec.get('since'))}"
-        launcher = str(rec.get("launcher", "local"))
-        allocation = f" in Slurm allocation {rec['allocation']}" if rec.get("allocation") else ""
+            return f"Slurm job {self.job_id} ({self.why}), submitted by {who} at {_when(rec.since)}"
+        launcher = rec.launcher if rec.launcher is not None else "local"
+        allocation = f" in Slurm allocation {rec.allocation}" if rec.allocation else ""
         return (
-            f"the cluster={launcher} launcher pid {rec.get('pid', '?')} on {rec.get('host', '?')} ({rec.get('user', '?')})"
-            f"{allocation}, running since {_when(rec.get('since'))} ({self.why})"
+            f"the cluster={launcher} launcher pid {_said(rec.pid)} on {_said(rec.host)} ({_said(rec.user)})"
+            f"{allocation}, running since {_when(rec.since)} ({self.why})"
         )
 
 
-def _process_runs(pid: Any, start: Any) -> bool:
+def _process_runs(pid: int | None, start: int | None) -> bool:
     """The process (pid, start time) still runs on this host; a reused pid (another start time) does not count."""
-    return isinstance(pid, int) and pid > 0 and pid_alive(pid) and (start is None or process_start(pid) == start)
+    return pid is not None and pid > 0 and pid_alive(pid) and (start is None or process_start(pid) == start)
 
 
-def _judge(record: dict[str, Any], probe: JobProbe | None) -> Owner:
+def _judge(record: LeaseRecord, probe: JobProbe | None) -> Owner:
     """Whether the owner a lease names is still alive."""
-    if record.get("kind") == "slurm":
+    if record.kind == "slurm":
         if probe is None:
             return Owner(record, None, "Slurm was not asked")
-        active, state = probe(str(record.get("job_id")))
+        active, state = probe(str(record.job_id))
         return Owner(record, active, state)
-    if record.get("host") == socket.gethostname():
-        if _process_runs(record.get("pid"), record.get("pid_start")):
+    if record.host == socket.gethostname():
+        if _process_runs(record.pid, record.pid_start):
             return Owner(record, True, "the process runs")
-        watcher = record.get("watcher")
-        if isinstance(watcher, dict) and _process_runs(watcher.get("pid"), watcher.get("pid_start")):
-            why = f"the launcher is gone; its watcher pid {watcher['pid']} is stopping the ranks"
+        watcher = record.watcher
+        if watcher is not None and _process_runs(watcher.pid, watcher.pid_start):
+            why = f"the launcher is gone; its watcher pid {watcher.pid} is stopping the ranks"
             return Owner(record, True, why)
         return Owner(record, False, "the process is gone")
-    allocation = record.get("allocation")
+    allocation = record.allocation
     if allocation:  # cluster.slurm.submit=here: a launcher inside a Slurm allocation, maybe a batch script of one's own
-        here, recorded = JobIdentity.from_environ(), record.get("restart")
-        if here.job_id == str(allocation) and isinstance(recorded, int) and here.requeues > recorded:
+        here, recorded = JobIdentity.from_environ(), record.restart
+        if here.job_id == allocation and recorded is not None and here.requeues > recorded:
             return Owner(record, False, f"Slurm requeued allocation {allocation} since, ending that launcher")
-        if probe is not None and probe(str(allocation))[0] is False:
+        if probe is not None and probe(allocation)[0] is False:
             return Owner(record, False, f"its allocation {allocation} has ended")
-    beat = record.get("heartbeat")
-    age = time.time() - float(beat) if isinstance(beat, int | float) else float("inf")
+    beat = record.heartbeat
+    age = time.time() - float(beat) if beat is not None else float("inf")
     heard = f"its last heartbeat was {age:.0f}s ago; a lease without one for {STALE_S:.0f}s is taken as dead"
     return Owner(record, age < STALE_S, heard)
 
@@ -164,8 +169,8 @@ def _judge(record: dict[str, Any], probe: JobProbe | None) -> Owner:
 # ---- atomic file steps --------------------------------------------------------------------------------------------
 
 
-def _encode(record: dict[str, Any]) -> bytes:
-    return json.dumps(record, indent=1, sort_keys=True).encode()
+def _encode(record: LeaseRecord) -> bytes:
+    return json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
 
 
 def _read_bytes(path: Path) -> bytes | None:
@@ -175,12 +180,20 @@ def _read_bytes(path: Path) -> bytes | None:
         return None
 
 
-def _decode(data: bytes | None) -> dict[str, Any] | None:
+def _decode(data: bytes | None) -> LeaseRecord | None:
+    """The lease in ``data``; None when there is none to judge (no file, not JSON, no or an empty JSON object).
+    A value of the wrong type counts as absent."""
     try:
-        record = json.loads(data) if data is not None else None
+        found = json.loads(data) if data is not None else None
     except ValueError:
         return None
-    return record if isinstance(record, dict) else None
+    return LeaseRecord.salvage(found)[0] if isinstance(found, dict) and found else None
+
+
+def _token_at(path: Path) -> str | None:
+    """The token of the lease at ``path`` (None when there is none)."""
+    record = _decode(_read_bytes(path))
+    return record.token if record is not None else None
 
 
 def _create(path: Path, data: bytes) -> bool:
@@ -244,7 +257,7 @@ class Lease:
     """This process's claim on a run dir: keeps the heartbeat going, hands the run dir to a Slurm job, gives it
     back. As a context manager it is released on exit (unless it was handed to a job)."""
 
-    def __init__(self, run_dir: Path, record: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, record: LeaseRecord) -> None:
         self.run_dir = Path(run_dir)
         self.record = record
         self.handed = False
@@ -259,7 +272,7 @@ class Lease:
 
     @property
     def token(self) -> str:
-        return str(self.record["token"])
+        return self.record.token or ""
 
     @property
     def active(self) -> bool:
@@ -271,13 +284,13 @@ class Lease:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def _update(self, durable: bool = True, **changes: Any) -> bool:
-        """Rewrite the lease with ``changes`` if it is still ours; False when another launch has replaced it
+    def _update(self, change: Callable[[LeaseRecord], LeaseRecord], durable: bool = True) -> bool:
+        """Rewrite the lease as ``change`` makes it if it is still ours; False when another launch has replaced it
         (it judged this one dead: a host without heartbeats for STALE_S, or a lease removed by hand)."""
         with self._lock:
-            if not self.active or (_decode(_read_bytes(self.path)) or {}).get("token") != self.token:
+            if not self.active or _token_at(self.path) != self.token:
                 return False
-            self.record = {**self.record, **changes}
+            self.record = change(self.record)
             _replace(self.path, _encode(self.record), durable=durable)
             return True
 
@@ -291,7 +304,7 @@ class Lease:
     def _heartbeat(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
             try:
-                kept = self._update(durable=False, heartbeat=time.time())
+                kept = self._update(lambda record: replace(record, heartbeat=time.time()), durable=False)
             except OSError:
                 continue  # a file system hiccup: the next beat tries again
             if not kept:
@@ -306,19 +319,20 @@ class Lease:
 
     def add_watcher(self, pid: int) -> None:
         """Name the process that stops the ranks if this launcher dies: the lease is live while it runs."""
-        self._update(watcher={"pid": pid, "pid_start": process_start(pid)})
+        watcher = LeaseWatcher(pid=pid, pid_start=process_start(pid))
+        self._update(lambda record: replace(record, watcher=watcher))
 
     def hand_to_job(self, job_id: str) -> None:
         """The run dir now belongs to Slurm job ``job_id``: live while Slurm says the job has not ended, through
         requeues. This process no longer releases it."""
-        self._update(kind="slurm", job_id=str(job_id), handed=time.time())
+        self._update(lambda record: replace(record, kind="slurm", job_id=str(job_id), handed=time.time()))
         self._finish(handed=True)
 
     def release(self) -> None:
         """Give the run dir back (a launch ended: success, failure or Ctrl-C); nothing when it was handed to a
         Slurm job, or when the lease no longer names this launcher."""
         with self._lock:
-            if self.active and (_decode(_read_bytes(self.path)) or {}).get("token") == self.token:
+            if self.active and _token_at(self.path) == self.token:
                 self.path.unlink(missing_ok=True)
         self._finish(handed=False)
 
@@ -332,33 +346,35 @@ class Lease:
                 del _HELD[_key(self.run_dir)]
 
 
-def _new_record(run_dir: Path, launcher: str, facts: dict[str, Any]) -> dict[str, Any]:
+def _new_record(run_dir: Path, launcher: str, facts: Mapping[str, Any]) -> LeaseRecord:
+    """This launcher's lease, with ``facts`` (keys of the lease, or others kept as they are) where not None."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
     now = time.time()
-    return {
-        "token": uuid.uuid4().hex,
-        "kind": "process",
-        "launcher": launcher,
-        "run_dir": str(run_dir),
-        "host": socket.gethostname(),
-        "user": user,
-        "pid": os.getpid(),
-        "pid_start": process_start(os.getpid()),
-        "since": now,
-        "heartbeat": now,
-        **{k: v for k, v in facts.items() if v is not None},
-    }
+    record = LeaseRecord(
+        token=uuid.uuid4().hex,
+        kind="process",
+        launcher=launcher,
+        run_dir=str(run_dir),
+        host=socket.gethostname(),
+        user=user,
+        pid=os.getpid(),
+        pid_start=process_start(os.getpid()),
+        since=now,
+        heartbeat=now,
+    )
+    given = {k: v for k, v in facts.items() if v is not None}
+    return LeaseRecord.from_json({**record.to_json(), **given}) if given else record
 
 
 def _live_ranks(run_dir: Path) -> list[str]:
     """Ranks on this host still marked live whose processes run: those of a launch that left no lease (an older
     version, or a lease removed by hand), or whose launcher and watcher are both gone."""
-    statuses = RunDir(run_dir).read_statuses()
+    statuses = RunDir(run_dir).rank_statuses()
     return [
-        f"rank {rank} pid {s.get('pid')}"
+        f"rank {rank} pid {s.pid}"
         for rank, s in sorted(statuses.items())
         if is_live(s) and rank_process_alive(s) is True
     ]
@@ -398,8 +414,7 @@ def check_free(run_dir: Path, probe: JobProbe | None = None) -> None:
     """ConfigError naming the owner when another launch owns ``run_dir``; a lease this process holds is fine.
     A check, not a claim: ``claim`` is what makes sure of it."""
     lease = held(run_dir)
-    record = _decode(_read_bytes(_lease_path(run_dir)))
-    if lease is not None and record is not None and record.get("token") == lease.token:
+    if lease is not None and _token_at(_lease_path(run_dir)) == lease.token:
         return
     owner = current_owner(run_dir, probe)
     ranks = [] if owner is not None else _live_ranks(run_dir)
@@ -424,7 +439,7 @@ def claim(
         raise ConfigError(f"hydra.run.dir={run_dir} is claimed twice by this process (pid {os.getpid()})")
     run_dir.mkdir(parents=True, exist_ok=True)
     path = _lease_path(run_dir)
-    record = _new_record(run_dir, launcher, dict(facts or {}))
+    record = _new_record(run_dir, launcher, facts or {})
     mine = _encode(record)
     for _ in range(_CLAIM_TRIES):
         seen = _read_bytes(path)
@@ -435,8 +450,8 @@ def claim(
                 raise _refusal(run_dir, None, ranks)
             won = _create(path, mine)
         else:
-            found = _decode(seen) or {}
-            owner = _judge(found, probe) if found else Owner(found, False, "an unreadable lease")
+            found = _decode(seen)
+            owner = _judge(found, probe) if found is not None else Owner(LeaseRecord(), False, "an unreadable lease")
             if owner.live is not False:
                 raise _refusal(run_dir, owner, [])
             ranks = _live_ranks(run_dir)
@@ -461,7 +476,7 @@ def release_token(run_dir: Path, token: str) -> bool:
     """Remove the lease if it still holds ``token``: for the watcher of a launcher that died, once the ranks
     are gone. True when it was removed."""
     path = _lease_path(run_dir)
-    if (_decode(_read_bytes(path)) or {}).get("token") != token:
+    if _token_at(path) != token:
         return False
     path.unlink(missing_ok=True)
     return True

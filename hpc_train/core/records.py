@@ -39,11 +39,16 @@ __all__ = [
     "AttemptOutcome",
     "AttemptRecord",
     "BadNode",
+    "BatchExit",
+    "CheckpointLedger",
+    "CheckpointRecord",
     "Failure",
     "FailureKind",
     "Growth",
     "Interrupted",
     "JobRecord",
+    "LeaseRecord",
+    "LeaseWatcher",
     "MirrorLedger",
     "MirrorOrigin",
     "MirrorStatus",
@@ -280,6 +285,19 @@ _HOSTS = _Key("is not a list of hosts", _strings, tuple)
 
 
 # ---- the records ------------------------------------------------------------------------------------------------
+
+
+class _Process(_Record):
+    """A record that names a process by its pid and start time (a pid is reused, a (pid, start) pair is not)."""
+
+    @classmethod
+    def clean(cls, data: object) -> tuple[dict[str, Any] | None, list[str]]:
+        """As ``_Record.clean``; a ``pid_start`` of the wrong type takes its ``pid`` along: that pid alone would
+        pass for whatever process has it now, and a start time that matches none names no running process."""
+        clean, problems = super().clean(data)
+        if clean is not None and isinstance(data, Mapping) and "pid_start" in data and "pid_start" not in clean:
+            clean.pop("pid", None)
+        return clean, problems
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -594,7 +612,7 @@ class BadNode(_Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankStatus(_Record):
+class RankStatus(_Process):
     """What a rank says about itself (``status/rank_<r>.json``): its state, host and process, rewritten at every
     logged step while it trains (a heartbeat), and at its end."""
 
@@ -990,6 +1008,98 @@ class Interrupted(_Record):
     }
 
 
+def _checkpoint_file(value: Any) -> bool:
+    """A checkpoint's name in ``checkpoints/``: ``step_<n>.pt`` and no path (a ledger never names a file elsewhere)."""
+    return isinstance(value, str) and "/" not in value and value.startswith("step_")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointRecord(_Record):
+    """One checkpoint this run wrote, as the checkpoint ledger holds it (``train.checkpoint``)."""
+
+    file: str
+    """The file's name in ``checkpoints/``."""
+    step: int
+    sha256: str
+    size: int
+    """Bytes."""
+    time: float
+    """When it was published, in seconds since the epoch."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "file": _Key("is not a checkpoint's file name (step_<n>.pt)", _checkpoint_file, required=True),
+        "step": _Key("is not a step number", _integer, required=True),
+        "sha256": _Key("is not a digest", _string, required=True),
+        "size": _Key("is not a number of bytes", _integer, required=True),
+        "time": _Key("is not a time stamp", _number, required=True),
+    }
+
+    @classmethod
+    def parse(cls, raw: Any) -> CheckpointRecord | None:
+        """The record in a ledger entry; None for an entry that is damaged."""
+        return cls.salvage(raw)[0]
+
+
+def _entries(record: type[_Record]) -> _Key:
+    """A list of records where each damaged entry is dropped on its own (a ledger keeps what is whole), unlike
+    ``_records``, where one entry that is no record makes the whole list wrong."""
+
+    def read(entries: list[Any]) -> tuple[_Record, ...]:
+        return tuple(r for r in (record.salvage(e)[0] for e in entries) if r is not None)
+
+    return _Key("is not a list", lambda v: isinstance(v, list), read)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointLedger(_Record):
+    """The checkpoints a run wrote (``status/checkpoints.json``): each with its digest, the temp files being
+    written (a writer killed halfway leaves its name), a copy of the tracker runs, and whose run dir it is."""
+
+    checkpoints: tuple[CheckpointRecord, ...] = ()
+    writing: tuple[str, ...] = ()
+    """Temp files being written, by name in ``checkpoints/``."""
+    trackers: tuple[TrackerRun, ...] = ()
+    """A copy of ``status/trackers.json`` as of the latest checkpoint: the runs' ids outlive a lost trackers.json."""
+    run: str | None = None
+    """The run dir it belongs to, resolved."""
+    inode: tuple[int, ...] | None = None
+    """The run dir's (device, inode): a move on one file system keeps it."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "checkpoints": _entries(CheckpointRecord),
+        "writing": _Key(
+            "is not a list of file names",
+            lambda v: isinstance(v, list),
+            lambda v: tuple(w for w in v if isinstance(w, str) and "/" not in w),
+        ),
+        "trackers": _entries(TrackerRun),
+        "run": _Key("is not a run dir's path", _string),
+        "inode": _Key("is not a (device, inode) pair", lambda v: isinstance(v, list) and all(map(_integer, v)), tuple),
+    }
+
+    def belongs_to(self, run: str, inode: tuple[int, ...] | None) -> bool:
+        """Whether it is the ledger of the run dir at ``run`` (or of the one with ``inode``, moved since); one that
+        names no run dir (written before it did) is."""
+        return self.run is None or self.run == run or self.inode == inode
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchExit(_Record):
+    """How the job script's supervisor ended (``status/batch_exit.json``): written by the sbatch script's teardown
+    (``launch.sbatch``, with bash's printf), or for each member of a pack by the pack's supervisor."""
+
+    exit_code: int
+    job_id: str | None = None
+    end: float | None = None
+    """When it ended, in seconds since the epoch."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "job_id": _Key("is not a job id", _string),
+        "exit_code": _Key("is not an exit status", _integer, required=True),
+        "end": _Key("is not a time stamp", _number),
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class PackPlace(_Record):
     """A run's place in a pack (``cluster.pack``): the runs that share its job, itself included, in sweep order."""
@@ -1040,3 +1150,83 @@ class JobRecord(_Record):
         "pack": _nested(PackPlace),
     }
     NULLS = frozenset({"array_job_id", "array_index"})
+
+
+_PID_START = _Key("is not an integer (clock ticks since boot)", _or_none(_integer))
+_JOB_ID = _Key("is not a job id", lambda v: _string(v) or _integer(v), str)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseWatcher(_Process):
+    """The process that stops a local launcher's ranks when the launcher is killed (``LeaseRecord.watcher``)."""
+
+    pid: int
+    pid_start: int | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "pid": _Key("is not a process id", _integer, required=True),
+        "pid_start": _PID_START,
+    }
+    NULLS = frozenset({"pid_start"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRecord(_Process):
+    """The lease of the launch or Slurm job that owns a run dir (``owner.json``, ``hpc_train.core.owner``).
+
+    No key is required: a lease is judged on what it holds, and a value of the wrong type counts as absent
+    (``salvage``), as launchers have always judged it."""
+
+    token: str | None = None
+    """Names the claim: a launcher rewrites or removes the lease only while it still holds its token."""
+    kind: str | None = None
+    """``process``: a launcher owns the run dir; ``slurm``: the Slurm job ``job_id`` does."""
+    launcher: str | None = None
+    """The launcher that claimed it: ``local``, ``debug``, ``slurm``, ``slurm submit=here``."""
+    run_dir: str | None = None
+    host: str | None = None
+    user: str | None = None
+    pid: int | None = None
+    """The launcher's process on ``host``."""
+    pid_start: int | None = None
+    since: float | None = None
+    heartbeat: float | None = None
+    """When the launcher last rewrote the lease (every ``owner.HEARTBEAT_S``)."""
+    allocation: str | None = None
+    """cluster.slurm.submit=here: the Slurm allocation the launcher runs in..."""
+    restart: int | None = None
+    """... and Slurm's restart count of it when the lease was taken."""
+    watcher: LeaseWatcher | None = None
+    job_id: str | None = None
+    """The Slurm job it was handed to (``kind`` slurm)."""
+    handed: float | None = None
+    """When it was handed to that job."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Keys the record does not name (facts a launcher recorded): written as they are."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "token": _Key("is not a token", _string),
+        "kind": _Key("is not a string", _string),
+        "launcher": _Key("is not a string", _string),
+        "run_dir": _Key("is not a run dir's path", _string),
+        "host": _Key("is not a host name", _string),
+        "user": _Key("is not a user name", _string),
+        "pid": _Key("is not a process id", _integer),
+        "pid_start": _PID_START,
+        "since": _TIME,
+        "heartbeat": _TIME,
+        "allocation": _JOB_ID,
+        # isinstance(v, int), a JSON true included: launchers have always compared it so.
+        "restart": _Key("is not a restart count", lambda v: isinstance(v, int)),
+        "watcher": _nested(LeaseWatcher),
+        "job_id": _JOB_ID,
+        "handed": _TIME,
+    }
+    NULLS = frozenset({"pid_start"})
+
+    @classmethod
+    def _make(cls, values: dict[str, Any], unknown: dict[str, Any]) -> Self:
+        return cls(**values, extra=unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), **self.extra}

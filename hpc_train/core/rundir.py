@@ -66,6 +66,8 @@ from hpc_train.core.records import (
     Allocation,
     AttemptRecord,
     BadNode,
+    BatchExit,
+    CheckpointLedger,
     Growth,
     Interrupted,
     JobRecord,
@@ -81,7 +83,7 @@ from hpc_train.core.records import (
     StragglerReport,
     TrackerRun,
 )
-from hpc_train.core.state import check_status, process_start
+from hpc_train.core.state import process_start
 
 __all__ = [
     "ATTEMPT_VARIABLE",
@@ -110,11 +112,6 @@ log = logging.getLogger(__name__)
 _Record = TypeVar(
     "_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth, StragglerReport
 )
-
-
-def _read_list(path: Path) -> list[dict[str, Any]]:
-    records = read_json(path)
-    return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
 def _read_dict(path: Path) -> dict[str, Any]:
@@ -173,11 +170,11 @@ def _newer_in_summaries(own: Mapping[int, Any], summarised: Iterable[RankStatus]
             yield status
 
 
-def _with_newer(statuses: dict[int, dict[str, Any]], summarised: Iterable[RankStatus]) -> dict[int, dict[str, Any]]:
-    """``statuses`` (JSON, read from the ranks' own files), each replaced by its rank's status in a node's
-    summary where that is newer."""
-    times = {rank: record.get("time") for rank, record in statuses.items()}
-    statuses.update((status.rank, status.to_json()) for status in _newer_in_summaries(times, summarised))
+def _with_newer(statuses: dict[int, RankStatus], summarised: Iterable[RankStatus]) -> dict[int, RankStatus]:
+    """``statuses`` (read from the ranks' own files), each replaced by its rank's status in a node's summary
+    where that is newer."""
+    times = {rank: status.time for rank, status in statuses.items()}
+    statuses.update((status.rank, status) for status in _newer_in_summaries(times, summarised))
     return statuses
 
 
@@ -388,8 +385,9 @@ class RunDir:
         return self.status_dir / "attempts.json"
 
     def read_attempts(self) -> list[dict[str, Any]]:
-        """attempts.json as JSON, every object in it (``attempt_records`` reads them typed)."""
-        return _read_list(self.attempts)
+        """``attempt_records`` as JSON, for scripts and notebooks that read the records as JSON (hpc_train itself
+        reads them typed)."""
+        return [attempt.to_json() for attempt in self.attempt_records()]
 
     def attempt_records(self) -> list[AttemptRecord]:
         """The supervisor's attempts, less what is damaged (``checked_attempts`` says what that is)."""
@@ -408,8 +406,8 @@ class RunDir:
         return self.status_dir / "allocations.json"
 
     def read_allocations(self) -> list[dict[str, Any]]:
-        """allocations.json as JSON (``allocation_records`` reads them typed)."""
-        return _read_list(self.allocations)
+        """``allocation_records`` as JSON (for scripts; hpc_train reads them typed)."""
+        return [allocation.to_json() for allocation in self.allocation_records()]
 
     def allocation_records(self) -> list[Allocation]:
         return _checked_list(self.allocations, Allocation, "allocations")[0]
@@ -423,8 +421,8 @@ class RunDir:
         return self.status_dir / "bad_nodes.json"
 
     def read_bad_nodes(self) -> list[dict[str, Any]]:
-        """bad_nodes.json as JSON (``bad_node_records`` reads them typed)."""
-        return _read_list(self.bad_nodes)
+        """``bad_node_records`` as JSON (for scripts; hpc_train reads them typed)."""
+        return [node.to_json() for node in self.bad_node_records()]
 
     def bad_node_records(self) -> list[BadNode]:
         return _checked_list(self.bad_nodes, BadNode, "nodes")[0]
@@ -492,8 +490,8 @@ class RunDir:
         return self.status_dir / "restarts.json"
 
     def read_restarts(self) -> list[dict[str, Any]]:
-        """restarts.json as JSON (``requeue_records`` reads them typed)."""
-        return _read_list(self.restarts)
+        """``requeue_records`` as JSON (for scripts; hpc_train reads them typed)."""
+        return [entry.to_json() for entry in self.requeue_records()]
 
     def requeue_records(self) -> list[RequeueEntry]:
         return _checked_list(self.restarts, RequeueEntry, "restarts")[0]
@@ -553,9 +551,16 @@ class RunDir:
     def checkpointed_tracker_runs(self) -> list[TrackerRun]:
         """The tracker runs the checkpoint ledger names: a copy made at each checkpoint, which keeps the runs'
         ids when ``status/trackers.json`` is lost. Its ``logged_step`` is as of that checkpoint."""
-        ledger = read_json(self.checkpoint_ledger)
-        entries = ledger.get("trackers") if isinstance(ledger, dict) else None
-        return _checked_entries(entries, self.checkpoint_ledger, TrackerRun, "trackers")[0]
+        ledger = self.checkpoint_ledger_record()
+        return list(ledger.trackers) if ledger is not None else []
+
+    def checkpoint_ledger_record(self) -> CheckpointLedger | None:
+        """The checkpoint ledger (``train.checkpoint`` keeps it); None when there is none, or it is no JSON object.
+        A damaged entry is left out of it."""
+        return CheckpointLedger.salvage(read_json(self.checkpoint_ledger))[0]
+
+    def write_checkpoint_ledger(self, ledger: CheckpointLedger, durable: bool = True) -> None:
+        write_json_atomic(self.checkpoint_ledger, ledger.to_json(), durable)
 
     def write_tracker_run(self, run: TrackerRun) -> None:
         """Add ``run``, or replace the entry of its tracker and store."""
@@ -580,9 +585,9 @@ class RunDir:
         return self.status_dir / f"progress_{rank}.json"
 
     def read_progress(self, rank: int) -> dict[str, Any]:
-        """The progress as JSON ({} when there is none; ``progress_record`` reads it typed)."""
+        """``progress_record`` as JSON ({} when there is none; for scripts: hpc_train reads it typed)."""
         found = self._newest_progress(rank)
-        return found.to_json() if found is not None else _read_dict(self.progress(rank))
+        return found.to_json() if found is not None else {}
 
     def progress_record(self, rank: int) -> Progress:
         """The steps this attempt made (no steps when there is no record, or a damaged one)."""
@@ -669,8 +674,12 @@ class RunDir:
         """srun's exit status as the sbatch script's teardown saw it."""
         return self.path / BATCH_EXIT
 
-    def read_batch_exit(self) -> dict[str, Any]:
-        return _read_dict(self.batch_exit)
+    def batch_exit_record(self) -> BatchExit | None:
+        """How the job script's supervisor ended; None before it did (or when the record is damaged)."""
+        return BatchExit.salvage(read_json(self.batch_exit))[0]
+
+    def write_batch_exit(self, record: BatchExit) -> None:
+        write_json_atomic(self.batch_exit, record.to_json())
 
     def write_status(self, rank: int, state: RankState | str, *, attempt: int | None = None, **extra: Any) -> None:
         """Record a rank's state with its host and pid (a string must name a RankState). ``attempt``: the
@@ -779,14 +788,9 @@ class RunDir:
         return not self.status_dir.is_symlink()
 
     def read_statuses(self) -> dict[int, dict[str, Any]]:
-        """The latest status of each rank that has written one, as JSON (``rank_statuses`` reads them typed):
-        from its node's summary or its own file, whichever is newer."""
-        statuses: dict[int, dict[str, Any]] = {}
-        for path in sorted(self.status_dir.glob("rank_*.json")):
-            record = read_json(path)
-            if isinstance(record, dict) and isinstance(record.get("rank"), int):
-                statuses[record["rank"]] = record
-        return _with_newer(statuses, self._summarised().values())
+        """``rank_statuses`` as JSON, for scripts and notebooks that read the records as JSON (hpc_train itself
+        reads them typed)."""
+        return {rank: status.to_json() for rank, status in self.rank_statuses().items()}
 
     @staticmethod
     def _status(path: Path) -> RankStatus | None:
@@ -797,9 +801,7 @@ class RunDir:
         from its node's summary or its own file, whichever is newer."""
         found = (self._status(path) for path in sorted(self.status_dir.glob("rank_*.json")))
         newest = {status.rank: status for status in found if status is not None}
-        times = {rank: status.time for rank, status in newest.items()}
-        newest.update((s.rank, s) for s in _newer_in_summaries(times, self._summarised().values()))
-        return newest
+        return _with_newer(newest, self._summarised().values())
 
     def _summarised(self) -> dict[int, RankStatus]:
         """Each rank's newest status in the nodes' summaries (a rank moved to another node in a later attempt
@@ -811,23 +813,23 @@ class RunDir:
                     newest[status.rank] = status
         return newest
 
-    def checked_statuses(self) -> tuple[dict[int, dict[str, Any]], list[str]]:
-        """Each rank's latest status as JSON (what ``read_statuses`` reads), less what is damaged, with a line
-        for each damaged record: a file that is no JSON object, names no rank, or holds a value of the wrong
-        type (``core.state.check_status``)."""
-        statuses: dict[int, dict[str, Any]] = {}
+    def checked_statuses(self) -> tuple[dict[int, RankStatus], list[str]]:
+        """Each rank's latest status (what ``rank_statuses`` reads), less what is damaged, with a line for each
+        damaged record: a file that is no JSON object, names no rank or state, or holds a value of the wrong
+        type (``RankStatus.KEYS`` says what each key holds)."""
+        statuses: dict[int, RankStatus] = {}
         damaged: list[str] = []
         for path in sorted(self.status_dir.glob("rank_*.json")):
             record, unreadable = _load(path)
             if unreadable:
                 damaged.append(unreadable)
                 continue
-            clean, problems = check_status(record)
-            damaged += [f"{path}: {problem}" for problem in problems]
-            if clean is not None:
-                if path.name != self.status_path(clean["rank"]).name:
-                    damaged.append(f"{path}: says rank {clean['rank']}, which is not the rank its name says")
-                statuses[clean["rank"]] = clean
+            status, problems = RankStatus.salvage(record)
+            damaged += [f"{path}: {problem}" + ("" if status is not None else ": ignored") for problem in problems]
+            if status is not None:
+                if path.name != self.status_path(status.rank).name:
+                    damaged.append(f"{path}: says rank {status.rank}, which is not the rank its name says")
+                statuses[status.rank] = status
         for path in sorted(self.status_dir.glob("node_*.json")):
             record, unreadable = _load(path)
             if record is None and not unreadable:  # gone since the listing

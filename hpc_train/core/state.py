@@ -1,8 +1,8 @@
-"""What a rank says about itself in ``status/rank_<r>.json``, and what launchers conclude from it.
+"""What a rank says about itself (``core.records.RankStatus``), and what launchers conclude from it.
 
-Every rank writes its state there (a heartbeat while it trains); the local launcher, the Slurm follower,
-``hpc_train.jobs`` and the notebook API read the same files through the helpers here, so "which ranks
-failed, and which died without a word" is decided in one place.
+Every rank writes its state (a heartbeat while it trains); the local launcher, the Slurm follower,
+``hpc_train.jobs`` and the notebook API read the same typed records (``RunDir.rank_statuses``) through the helpers
+here, so "which ranks failed, and which died without a word" is decided in one place.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
 
 from hpc_train.core.records import RankState, RankStatus
 
@@ -24,7 +23,6 @@ __all__ = [
     "RankFailure",
     "RankState",
     "all_ranks",
-    "check_status",
     "child_alive",
     "child_pids",
     "completion_notes",
@@ -40,20 +38,13 @@ __all__ = [
     "unverified_rank_process",
 ]
 
-Statuses = Mapping[int, Mapping[str, Any]]
+Statuses = Mapping[int, RankStatus]
 log = logging.getLogger(__name__)
-
-
-def _state(status: Mapping[str, Any] | None) -> RankState | None:
-    try:
-        return RankState(status.get("state")) if status else None
-    except ValueError:
-        return None
 
 
 def all_ranks(statuses: Statuses, world_size: int, state: RankState) -> bool:
     """True when each of the ``world_size`` ranks last reported ``state``."""
-    return all(_state(statuses.get(rank)) is state for rank in range(world_size))
+    return all(rank in statuses and statuses[rank].state is state for rank in range(world_size))
 
 
 def never_started(statuses: Statuses, world_size: int) -> list[int]:
@@ -75,35 +66,20 @@ class RankFailure:
         return f"rank {self.rank} on {self.host} {verb}{self.summary}"
 
 
-def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _integer(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _time(status: Mapping[str, Any]) -> float:
-    """When the rank wrote its status (0 when that is not recorded as a number)."""
-    value = status.get("time")
-    return value if _number(value) else 0
-
-
 def rank_failures(
-    statuses: Statuses, gone: Callable[[Mapping[str, Any]], bool], detail: Callable[[int], str] = lambda rank: ""
+    statuses: Statuses, gone: Callable[[RankStatus], bool], detail: Callable[[int], str] = lambda rank: ""
 ) -> list[RankFailure]:
     """The ranks that failed: first those still marked live that ``gone`` says are not (they died without a
     word, so they are the likely cause), then those that reported a failure, in the order they did."""
     found = []
-    for rank, status in sorted(statuses.items(), key=lambda kv: _time(kv[1])):
-        state, host = _state(status), str(status.get("host", "?"))
-        if state is RankState.FAILED:
-            error = str(status.get("error", "?"))
-            found.append(RankFailure(rank, host, error, str(status.get("traceback", "")), True))
-        elif state is not None and state.live and gone(status):
-            step = f" after step {status['step']}" if "step" in status else ""
+    for rank, status in sorted(statuses.items(), key=lambda kv: kv[1].time or 0.0):
+        host = status.host or "?"
+        if status.state is RankState.FAILED:
+            found.append(RankFailure(rank, host, status.error or "?", status.traceback or "", True))
+        elif status.state.live and gone(status):
+            step = f" after step {status.step}" if status.step is not None else ""
             summary = (
-                f"stopped reporting{step}: process {status.get('pid', '?')} exited without reporting (killed by a "
+                f"stopped reporting{step}: process {status.pid or '?'} exited without reporting (killed by a "
                 "signal, out of memory, os._exit?)"
             )
             found.append(RankFailure(rank, host, summary, detail(rank), False))
@@ -122,7 +98,7 @@ def _proc_stat(pid: int) -> list[str] | None:
 def completion_notes(statuses: Statuses) -> list[str]:
     """The doubts the ranks noted about a run that completed (a script that exited 0 with no sign of having
     trained), each once."""
-    return sorted({str(s["note"]) for s in statuses.values() if s.get("note")})
+    return sorted({s.note for s in statuses.values() if s.note})
 
 
 def parent_pid(pid: int) -> int | None:
@@ -197,28 +173,20 @@ def process_command(pid: int) -> str | None:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def _recorded_pid(status: Mapping[str, Any]) -> int | None:
-    pid = status.get("pid")
-    return pid if _integer(pid) and pid > 0 else None
-
-
-def unverified_rank_process(status: Mapping[str, Any]) -> str | None:
+def unverified_rank_process(status: RankStatus) -> str | None:
     """Why the process that now holds the pid in ``status`` cannot be taken for the rank that wrote it; None
     when it is that rank. A pid is reused once its process has exited, so a stale status may name an unrelated
     process: it is the rank only when its start time is the recorded ``pid_start`` or, for a status that
     records none (older run dirs), when its command line is a rank's (``RANK_COMMANDS``)."""
-    host, here = status.get("host"), socket.gethostname()
+    host, here, pid = status.host, socket.gethostname(), status.pid
     if host != here:
         return f"it ran on host {host!r}, not on this one ({here}): its pid cannot be checked from here"
-    pid = _recorded_pid(status)
     if pid is None:
-        return f"its pid {status.get('pid')!r} is not a process id"
+        return "its status records no process id"
     if not pid_alive(pid):
         return f"process {pid} no longer runs"
-    recorded = status.get("pid_start")
+    recorded = status.pid_start
     if recorded is not None:
-        if not _integer(recorded):
-            return f"its pid_start {recorded!r} is not a number of clock ticks, so process {pid} cannot be verified"
         started = process_start(pid)
         if started != recorded:
             return (
@@ -237,19 +205,18 @@ def unverified_rank_process(status: Mapping[str, Any]) -> str | None:
     return None
 
 
-def rank_process_alive(status: Mapping[str, Any]) -> bool | None:
+def rank_process_alive(status: RankStatus) -> bool | None:
     """Whether the process that wrote ``status`` still runs; None when it ran on another host, where its pid
     cannot be checked from here. A process that now holds the pid but is another one (``unverified_rank_process``:
     it started at another time than ``pid_start``, which ``RunDir.write_status`` records) means the rank is gone."""
-    if status.get("host") != socket.gethostname():
+    if status.host != socket.gethostname():
         return None
     return unverified_rank_process(status) is None
 
 
-def is_live(status: Mapping[str, Any]) -> bool:
+def is_live(status: RankStatus) -> bool:
     """True when a rank last said it is starting or running (it has not reported an end)."""
-    state = _state(status)
-    return state is not None and state.live
+    return status.state.live
 
 
 def signal_live_ranks(
@@ -262,8 +229,8 @@ def signal_live_ranks(
     here = socket.gethostname()
     sent = []
     for rank, status in sorted(statuses.items()):
-        pid = _recorded_pid(status)
-        if not is_live(status) or (pid is not None and status.get("host") == here and not pid_alive(pid)):
+        pid = status.pid
+        if not is_live(status) or (pid is not None and status.host == here and not pid_alive(pid)):
             continue  # ended, or its process has exited: nothing to stop
         why = unverified_rank_process(status)
         if why is not None:
@@ -278,18 +245,3 @@ def signal_live_ranks(
 
 def _log_refusal(rank: int, why: str) -> None:
     log.warning("rank %d not signalled: %s", rank, why)
-
-
-# ---- the record a rank writes -------------------------------------------------------------------------------
-
-
-def check_status(record: Any) -> tuple[dict[str, Any] | None, list[str]]:
-    """A rank status as read from its file, less what is damaged, and what that was: a record that is no JSON
-    object or names no rank is dropped (None); a key holding a value of the wrong type (``RankStatus.KEYS``
-    says what each holds) is left out of it. Keys the record does not name are carried as they are."""
-    if not isinstance(record, dict):
-        return None, [f"holds a JSON {type(record).__name__}, not an object: ignored"]
-    rank = record.get("rank")
-    if not _integer(rank) or rank < 0:
-        return None, [f"rank={rank!r} is not a rank number: ignored"]
-    return RankStatus.clean(record)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from hpc_train.config import Config
 from hpc_train.core.errors import ConfigError, ExitCode
 from hpc_train.core.hostlist import expand_hostlist
+from hpc_train.core.records import AttemptOutcome
 from hpc_train.core.rundir import RunDir
 from hpc_train.launch.state import resume_command
 
@@ -76,10 +77,10 @@ def launch_here(cfg: Config, run_dir: RunDir) -> int:
         flush=True,
     )
     code = supervise(run_dir, interactive=True)
-    attempts = run_dir.read_attempts()
-    outcome = str(attempts[-1].get("outcome")) if attempts else "unknown"
-    if outcome == "stopped":
-        step = max((s.get("step") or 0 for s in run_dir.read_statuses().values()), default=0)
+    attempts = run_dir.attempt_records()
+    outcome = attempts[-1].outcome.value if attempts else "unknown"
+    if attempts and attempts[-1].outcome is AttemptOutcome.STOPPED:
+        step = max((s.step or 0 for s in run_dir.rank_statuses().values()), default=0)
         print(f"hpc_train: stopped at step {step} on a signal.\n  resume: {resume_command(run_dir)}", file=sys.stderr)
         return ExitCode.INTERRUPTED
     print(f"hpc_train: training in allocation {job}: {outcome}. Run dir: {run_dir.path}", flush=True)

@@ -69,13 +69,13 @@ def finished_step(cfg: Config, run_dir: RunDir) -> int | None:
     by ``write_config``, naming them). A larger trainer.max_steps therefore goes on training."""
     if cfg.script.enabled or not run_dir.config.is_file() or not run_dir.model_final.is_file():
         return None  # a user's script decides for itself whether it has more to do
-    statuses = run_dir.read_statuses()
+    statuses = run_dir.rank_statuses()
     world = cfg.cluster.world_size
     if len(statuses) != world or not all_ranks(statuses, world, RankState.COMPLETED):
         return None
-    steps = {s.get("step") for s in statuses.values()}
+    steps = {s.step for s in statuses.values()}
     step = steps.pop() if len(steps) == 1 else None
-    if not isinstance(step, int) or not run_dir.checkpoint(step).is_file():
+    if step is None or not run_dir.checkpoint(step).is_file():
         return None
     old = _comparable(run_dir.config.read_text())
     new = _comparable(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

@@ -122,12 +122,13 @@ def launch_debug(cfg: Config, run_dir: RunDir) -> int:
     except SystemExit as exc:  # a user's script that failed (its output is above)
         if not exc.code:
             raise
-        why = str(run_dir.read_statuses().get(0, {}).get("error") or f"status {exc.code}")
+        status = run_dir.rank_statuses().get(0)
+        why = (status.error if status is not None else None) or f"status {exc.code}"
     else:
-        status = run_dir.read_statuses().get(0, {})
-        if status.get("state") == RankState.STOPPED:
+        status = run_dir.rank_statuses().get(0)
+        if status is not None and status.state is RankState.STOPPED:
             print(
-                f"hpc_train: stopped {at_step(status.get('step'))} on a signal (cluster=debug).\n"
+                f"hpc_train: stopped {at_step(status.step)} on a signal (cluster=debug).\n"
                 f"  resume: {resume_command(run_dir)}",
                 file=sys.stderr,
                 flush=True,
@@ -208,7 +209,7 @@ def _quiet_controller(run_dir: RunDir) -> Iterator[list[int]]:
 def _failures(run_dir: RunDir, paths: list[JobPaths]) -> list[RankFailure]:
     """Ranks that failed; one marked live whose process is gone died without a word (its stderr says more)."""
     return rank_failures(
-        run_dir.read_statuses(),
+        run_dir.rank_statuses(),
         gone=lambda status: rank_process_alive(status) is False,
         detail=lambda rank: last_lines(paths[rank].stderr) if rank < len(paths) else "",
     )
@@ -252,7 +253,7 @@ class _RankProcesses:
         candidates = self.seen | set(child_pids(self.controller))
         live = {pid for pid in candidates if child_alive(pid, self.controller)}
         self.seen |= live
-        reported = {s.get("pid") for s in self.run_dir.read_statuses().values()}
+        reported = {s.pid for s in self.run_dir.rank_statuses().values()}
         silent = len(self.seen - live - reported)
         if time.monotonic() - self.since > self.STARTED_S:
             silent += max(0, self.world_size - len(self.seen))
@@ -337,13 +338,13 @@ def _checkpoint_and_stop(
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         return False
-    statuses = run_dir.read_statuses()
+    statuses = run_dir.rank_statuses()
     # Every rank stopped on the signal; a rank still starting when it came (no status) was simply ended.
     return job.done() and all_ranks(statuses, cluster.world_size, RankState.STOPPED)
 
 
 def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: str) -> int:
-    statuses = run_dir.read_statuses()
+    statuses = run_dir.rank_statuses()
     if all_ranks(statuses, world_size, RankState.COMPLETED):
         who = "the rank" if world_size == 1 else f"all {world_size} ranks"
         print(f"hpc_train: {who} completed. Run dir: {run_dir.path}", flush=True)
@@ -351,7 +352,7 @@ def _outcome(run_dir: RunDir, paths: list[JobPaths], world_size: int, reason: st
             print(f"hpc_train: warning: {note}", file=sys.stderr, flush=True)
         return 0
     if all_ranks(statuses, world_size, RankState.STOPPED):
-        step = statuses[0].get("step")
+        step = statuses[0].step
         checkpoint = run_dir.checkpoint(step or 0)
         saved = f"every rank is in {checkpoint}" if checkpoint.exists() else "the script saved what it saves"
         print(

@@ -13,11 +13,18 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from hpc_train.core import owner
 from hpc_train.core.errors import ExitCode
-from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Growth, RequeueEntry, Reshape
+from hpc_train.core.records import (
+    Allocation,
+    AttemptOutcome,
+    AttemptRecord,
+    Growth,
+    RankStatus,
+    RequeueEntry,
+    Reshape,
+)
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.state import (
     RankFailure,
@@ -82,7 +89,7 @@ class JobState:
     detail: str = ""
     squeue: str | None = None
     sacct: str | None = None
-    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ranks: dict[int, RankStatus] = field(default_factory=dict)
     attempts: list[AttemptRecord] = field(default_factory=list)
     """The supervisor's attempts (``checked_attempts``: less what is damaged)."""
     damaged: list[str] = field(default_factory=list)
@@ -92,7 +99,7 @@ class JobState:
 # ---- the records, checked ----------------------------------------------------------------------------------
 
 
-def checked_statuses(run_dir: RunDir) -> tuple[dict[int, dict[str, Any]], list[str]]:
+def checked_statuses(run_dir: RunDir) -> tuple[dict[int, RankStatus], list[str]]:
     """Each rank's latest status, less what is damaged, with a line for each damaged record
     (``RunDir.checked_statuses``)."""
     return run_dir.checked_statuses()
@@ -135,12 +142,12 @@ def sacct_state(job_id: str) -> str | None:
     return states[0] if states else None
 
 
-def _reported_failures(statuses: dict[int, dict[str, Any]]) -> list[str]:
+def _reported_failures(statuses: dict[int, RankStatus]) -> list[str]:
     """The failures the ranks wrote, while the job may still run (a live rank may yet report)."""
     return [str(f) for f in rank_failures(statuses, gone=lambda status: False)]
 
 
-def _reasons(statuses: dict[int, dict[str, Any]], world_size: int) -> list[str]:
+def _reasons(statuses: dict[int, RankStatus], world_size: int) -> list[str]:
     """Why an ended job did not complete: ranks still marked live when it ended (killed, or never got to
     report), ranks that never started, and the failures the others reported."""
     missing = never_started(statuses, world_size)
@@ -228,10 +235,10 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
         detail = "; ".join(["squeue could not reach slurmctld and sacct gave nothing", *failures])
         return verdict("UNKNOWN", done=False, detail=detail)
     scheduler = sacct if squeue in (None, UNREACHABLE) else squeue
-    batch = run_dir.read_batch_exit()
+    batch = run_dir.batch_exit_record()
     reasons = [*notes, *_reasons(statuses, world_size)]
-    if "exit_code" in batch:
-        reasons.append(f"the job script exited with status {batch['exit_code']}")
+    if batch is not None:
+        reasons.append(f"the job script exited with status {batch.exit_code}")
     if scheduler is not None:
         if scheduler == "COMPLETED":  # the scheduler saw a clean exit, but not every rank finished its work
             return verdict("FAILED", done=True, ok=False, detail="; ".join(["Slurm says COMPLETED", *reasons]))
@@ -239,7 +246,7 @@ def job_state(run_dir: RunDir, world_size: int) -> JobState:
     if not job_id:
         return _without_scheduler(run_dir, statuses, world_size, verdict)
     # Not in squeue, no accounting: the job has ended (or its id is wrong).
-    if not statuses and not batch:
+    if not statuses and batch is None:
         return verdict("ENDED", done=True, detail="Slurm no longer lists the job and no rank ever started")
     return verdict("FAILED", done=True, detail="; ".join(reasons) or "ended before every rank completed")
 
@@ -291,13 +298,13 @@ def resume_command(run_dir: RunDir) -> str:
 
 
 def _without_scheduler(
-    run_dir: RunDir, statuses: dict[int, dict[str, Any]], world_size: int, verdict: Callable[..., JobState]
+    run_dir: RunDir, statuses: dict[int, RankStatus], world_size: int, verdict: Callable[..., JobState]
 ) -> JobState:
     """A run with no scheduler job (cluster=local or debug): the ranks' files, and whether the processes that
     wrote them still run (a rank killed, or whose terminal was closed, never writes its end)."""
     interrupted = run_dir.interruption()
     alive = {rank: rank_process_alive(s) for rank, s in statuses.items() if is_live(s)}
-    starting = all(str(s.get("state")) == RankState.STARTING.value for s in statuses.values())
+    starting = all(s.state is RankState.STARTING for s in statuses.values())
     if interrupted is not None and starting and not any(up is not False for up in alive.values()):
         who = f"local job {interrupted.job_id}" if interrupted.job_id else "the launch"
         when = time.strftime("%H:%M:%S", time.localtime(interrupted.time))
@@ -315,18 +322,18 @@ def _without_scheduler(
     if failures:
         return verdict("FAILED", done=not running, detail=_local_failure(run_dir, failures, running))
     if any(up is None for up in alive.values()):
-        host = next(str(statuses[rank].get("host")) for rank, up in alive.items() if up is None)
+        host = next(str(statuses[rank].host) for rank, up in alive.items() if up is None)
         return verdict("RUNNING?", done=False, detail=f"local run on {host}: its processes cannot be checked here")
     if running:
-        pids = ", ".join(str(statuses[rank].get("pid")) for rank in running)
+        pids = ", ".join(str(statuses[rank].pid) for rank in running)
         return verdict("RUNNING", done=False, detail=f"local run; the ranks' processes run (pid {pids})")
     missing = never_started(statuses, world_size)
     if missing:
         return verdict("FAILED", done=True, detail=f"ranks {missing} never started")
-    if {str(s.get("state")) for s in statuses.values()} <= {RankState.STOPPED.value, RankState.COMPLETED.value}:
-        steps = [int(s["step"]) for s in statuses.values() if s.get("step") is not None]
-        saved = statuses.get(0, {}).get("stop_saved_s")
-        durable = f" (checkpoint durable {float(saved):.1f} s after the signal)" if saved is not None else ""
+    if {s.state for s in statuses.values()} <= {RankState.STOPPED, RankState.COMPLETED}:
+        steps = [s.step for s in statuses.values() if s.step is not None]
+        saved = statuses[0].stop_saved_s if 0 in statuses else None
+        durable = f" (checkpoint durable {saved:.1f} s after the signal)" if saved is not None else ""
         detail = "; ".join(
             [
                 f"stopped {at_step(max(steps) if steps else None)} on a signal{durable}",

@@ -72,7 +72,7 @@ def watch(argv: list[str]) -> int:
             flush=True,
         )
     stopped = _stop_orphaned(controller, run_dir)
-    states = sorted({str(s.get("state")) for s in run_dir.read_statuses().values()})
+    states = sorted({s.state.value for s in run_dir.rank_statuses().values()})
     print(
         f"hpc_train watcher: job {controller[0]} {'ended' if stopped else 'killed'}; rank states: {states}", flush=True
     )
@@ -138,7 +138,7 @@ def ask_ranks_to_stop(controller: int, run_dir: RunDir, asked: dict[int, float])
     a rank without one is asked again every RESEND_S, and once more when its status appears. ``asked``: pid ->
     time of the last ask, 0 once the rank is sure to have heard. Repeats do no harm: its handler keeps the
     first signal."""
-    with_status = {s.get("pid") for s in run_dir.read_statuses().values()}
+    with_status = {s.pid for s in run_dir.rank_statuses().values()}
     now = time.monotonic()
     # The ranks are the children of submitit's controller (whose pid is the job id). Found this way, not through
     # the status files, a rank still importing torch (no status yet) is found too.

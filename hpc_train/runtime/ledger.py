@@ -123,4 +123,4 @@ class AttemptLedger:
         self.write_goodput()
 
     def write_goodput(self) -> None:
-        self.rd.write_goodput(ledger(self.allocations, self.attempts, growths=self.growths))
+        self.rd.write_goodput(ledger(self.allocations, self.attempts, growths=self.growths).to_json())

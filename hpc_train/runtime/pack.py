@@ -26,9 +26,8 @@ from pathlib import Path
 
 from hpc_train.config import ClusterConfig, load_config
 from hpc_train.core.errors import ExitCode, LaunchError
-from hpc_train.core.files import write_json_atomic
 from hpc_train.core.identity import PACK_VARIABLE, JobIdentity, in_pack
-from hpc_train.core.records import AttemptOutcome, RankState
+from hpc_train.core.records import AttemptOutcome, BatchExit, RankState
 from hpc_train.core.rundir import RunDir
 from hpc_train.runtime.commands import SUPERVISOR
 from hpc_train.runtime.requeue import requeue
@@ -150,9 +149,9 @@ class Pack:
 
     def _write_exit(self, rd: RunDir, code: int) -> None:
         """The member's ``status/batch_exit.json``, as an unpacked job's teardown writes it."""
-        record = {"job_id": self.environ.get("SLURM_JOB_ID", ""), "exit_code": code, "end": int(time.time())}
+        record = BatchExit(job_id=self.environ.get("SLURM_JOB_ID", ""), exit_code=code, end=int(time.time()))
         try:
-            write_json_atomic(rd.batch_exit, record)
+            rd.write_batch_exit(record)
         except OSError as exc:
             say(f"could not write {rd.batch_exit}: {exc}")
 

@@ -569,10 +569,10 @@ def scripts_ended(rd: RunDir, env: DistEnv, stamp: int | None) -> bool:
     """Whether every rank but rank 0 has ended its script in this attempt: its worker wrote its end (completed,
     stopped or failed) with this attempt's ``stamp``, or the process that said it runs here is gone. The
     supervisor and the local launcher clear the ranks' statuses before each attempt."""
-    statuses = rd.read_statuses()
+    statuses = rd.rank_statuses()
     for rank in range(1, env.world_size):
         status = statuses.get(rank)
-        if status is None or status.get("attempt") != stamp:
+        if status is None or status.attempt != stamp:
             return False
         if is_live(status) and rank_process_alive(status) is not False:
             return False

@@ -27,7 +27,7 @@ from typing import Any
 
 from hpc_train.core.errors import ConfigError, ExitCode
 from hpc_train.core.files import atomic_write
-from hpc_train.core.goodput import ledger, pack_ledger
+from hpc_train.core.goodput import GoodputLedger, PackLedger, ledger, pack_ledger
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.nodes import NODE_EVERY_S
@@ -124,12 +124,12 @@ def _state(run_dir: RunDir) -> JobState:
     return job_state(run_dir, _world_size(run_dir))
 
 
-def _goodput(run_dir: RunDir, attempts: list[AttemptRecord]) -> dict[str, Any]:
+def _goodput(run_dir: RunDir, attempts: list[AttemptRecord]) -> GoodputLedger | None:
     """The goodput ledger, brought up to now while the job runs (the supervisor writes it at each attempt's
-    start and end; the running attempt's progress is on disk)."""
+    start and end; the running attempt's progress is on disk); None before the first attempt."""
 
     if not attempts:
-        return {}
+        return None
     if attempts[-1].end is None:
         attempts = [*attempts[:-1], replace(attempts[-1], progress=run_dir.progress_record(0))]
     return ledger(run_dir.allocation_records(), attempts, growths=run_dir.growth_records())
@@ -230,7 +230,7 @@ def slowest_startup(run_dir: RunDir) -> str:
 
 def _step(state: JobState) -> int:
     """The furthest step a rank reported (0 before any; a status without a step number counts for none)."""
-    steps = [s["step"] for s in state.ranks.values() if isinstance(s.get("step"), int)]
+    steps = [s.step for s in state.ranks.values() if s.step is not None]
     return max(steps, default=0)
 
 
@@ -246,7 +246,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     rows, failures, damaged, unreadable, timelines, heard, startups, slow = [], [], [], [], [], [], [], []
     mirrors: list[str] = []
     records: list[dict[str, Any]] = []
-    goodputs: dict[str, dict[str, Any]] = {}  # by resolved run dir: a pack's ledger reuses its members'
+    goodputs: dict[str, GoodputLedger | None] = {}  # by resolved run dir: a pack's ledger reuses its members'
     packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
     with ExitStack() as held:
         for rd in runs:
@@ -260,8 +260,8 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             attempts = state.attempts
             goodput = goodputs[str(rd.path.resolve())] = _goodput(rd, attempts)
             last = attempts[-1] if attempts else None
-            ettr = f"{goodput['ettr']:.2f}" if goodput else "-"
-            lost = f"{goodput['lost_s']:.0f}s" if goodput else "-"
+            ettr = f"{goodput.ettr:.2f}" if goodput is not None else "-"
+            lost = f"{goodput.lost_s:.0f}s" if goodput is not None else "-"
             attempt = last.attempt if last is not None else None
             job = rd.job()
             pack = job.pack if job is not None else None
@@ -274,7 +274,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             tail = "" if state.ok else _failure_tail(rd, attempts)
             if tail:
                 failures.append(tail)
-            timelines += [line for line in [summary(rd, goodput or None)] if line]  # the ledger computed once
+            timelines += [line for line in [summary(rd, goodput)] if line]  # the ledger computed once
             heard += nodes_heard(rd, time.time())
             slow += straggler_lines(rd, time.time())
             mirrors += [line for line in [mirror_line(rd, time.time())] if line]
@@ -294,7 +294,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
                     "step": step,
                     "attempt": attempt,
                     "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
-                    "goodput": goodput,
+                    "goodput": goodput.to_json() if goodput is not None else {},
                     "detail": state.detail,
                     "squeue": state.squeue,
                     "sacct": state.sacct,
@@ -309,7 +309,8 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
     pack_ledgers = _pack_ledgers(packed, goodputs)
     for record in records:
         if record["pack"]:
-            record["pack_goodput"] = pack_ledgers.get(tuple(record["pack"]["members"]))
+            pack_goodput = pack_ledgers.get(tuple(record["pack"]["members"]))
+            record["pack_goodput"] = pack_goodput.to_json() if pack_goodput is not None else None
     if as_json:
         print(json.dumps(records, indent=1))
     else:
@@ -344,30 +345,30 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
 
 
 def _pack_ledgers(
-    packed: dict[tuple[str, ...], str], goodputs: dict[str, dict[str, Any]]
-) -> dict[tuple[str, ...], dict[str, Any]]:
+    packed: dict[tuple[str, ...], str], goodputs: dict[str, GoodputLedger | None]
+) -> dict[tuple[str, ...], PackLedger]:
     """The ledger of each pack (``cluster.pack``), by its members' run dirs; ``packed``: each pack's job id, as
     the members' job records say; ``goodputs``: the members' own ledgers already computed, by resolved run dir."""
 
-    packs: dict[tuple[str, ...], dict[str, Any]] = {}
+    packs: dict[tuple[str, ...], PackLedger] = {}
     for members, job_id in packed.items():
         if not members:
             continue
         dirs = [RunDir(Path(m)) for m in members]
         ledgers = [goodputs.get(m) or _goodput(d, d.attempt_records()) for m, d in zip(members, dirs, strict=True)]
-        packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers) | {"job_id": job_id}
+        packs[members] = pack_ledger([d.allocation_records() for d in dirs], ledgers, job_id=job_id)
     return packs
 
 
-def _pack_lines(pack_ledgers: dict[tuple[str, ...], dict[str, Any]]) -> list[str]:
+def _pack_lines(pack_ledgers: dict[tuple[str, ...], PackLedger]) -> list[str]:
     """A line per pack: the time its jobs were held for all its members, and how much of it trained."""
     lines = []
     for members, g in pack_ledgers.items():
-        if not g["allocations"]:
+        if not g.allocations:
             continue
         lines.append(
-            f"pack in job {g['job_id']} ({g['members']} members, {g['allocations']} allocation(s)): held "
-            f"{g['wall_s']:.0f}s for each member, {g['productive_s']:.0f}s productive in all; ETTR {g['ettr']:.2f} "
+            f"pack in job {g.job_id} ({g.members} members, {g.allocations} allocation(s)): held "
+            f"{g.wall_s:.0f}s for each member, {g.productive_s:.0f}s productive in all; ETTR {g.ettr:.2f} "
             f"(members: {', '.join(members)})"
         )
     return lines
@@ -443,11 +444,11 @@ def cmd_cancel(runs: list[RunDir]) -> int:
 def _cancel_local(run_dir: RunDir) -> bool:
     """SIGTERM to the ranks of a local run that still run here; False when a rank marked live could not be
     verified to be the process its status names (that process is left alone, and why is printed)."""
-    statuses = run_dir.read_statuses()
+    statuses = run_dir.rank_statuses()
     refused: list[str] = []
 
     def refuse(rank: int, why: str) -> None:
-        pid = statuses[rank].get("pid")
+        pid = statuses[rank].pid
         refused.append(
             f"hpc_train.jobs: rank {rank} of {run_dir.path} (pid {pid}) was not signalled: {why}. HINT: its status "
             f"({run_dir.status_path(rank)}) may be stale; if the rank does still run, find it with "

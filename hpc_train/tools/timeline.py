@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_train.core.files import read_json
-from hpc_train.core.goodput import ledger
+from hpc_train.core.goodput import GoodputLedger, ledger
 from hpc_train.core.records import AttemptRecord, RequeueEntry
 from hpc_train.core.rundir import RunDir
 from hpc_train.train.plots import pyplot, save
@@ -67,7 +66,8 @@ class Timeline:
     marks: list[Mark] = field(default_factory=list)
     slow: list[Bar] = field(default_factory=list)
     """Stragglers (kind ``straggler``): a rank's run of slow windows, on the row of its allocation."""
-    goodput: dict[str, Any] = field(default_factory=dict)
+    goodput: GoodputLedger | None = None
+    """The run's goodput ledger (None for a run that never had a Slurm allocation)."""
 
     @property
     def origin(self) -> float:
@@ -81,13 +81,13 @@ class Timeline:
         return out
 
 
-def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
+def timeline(rd: RunDir, goodput: GoodputLedger | None = None) -> Timeline:
     """The run's allocations, attempts and events (empty rows for a run that never had a Slurm allocation).
     ``goodput``: the run's ledger, when the caller has it already (``jobs status`` brings it up to now)."""
     allocations = rd.allocation_records()
     attempts = rd.attempt_records()
-    if goodput is None:
-        goodput = ledger(allocations, attempts, growths=rd.growth_records()) if allocations else {}
+    if goodput is None and allocations:
+        goodput = ledger(allocations, attempts, growths=rd.growth_records())
     out = Timeline(goodput=goodput)
     if not allocations:
         return out
@@ -105,7 +105,7 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
         if before is not None and before < allocation.start:
             out.bars.append(Bar(row, "queue", before, allocation.start))
         before = allocation.end
-    by_attempt = {r["attempt"]: r for r in out.goodput.get("per_attempt", [])}
+    by_attempt = {r.attempt: r for r in (out.goodput.per_attempt if out.goodput is not None else ())}
     ranged = any(a.asked for a in allocations)  # the attempts' bars say on how many nodes each trained
     last_end: dict[int, float] = {}
     for attempt in attempts:
@@ -117,8 +117,9 @@ def timeline(rd: RunDir, goodput: dict[str, Any] | None = None) -> Timeline:
         if row in last_end and attempt.start > last_end[row]:
             out.bars.append(Bar(row, "gap", last_end[row], attempt.start))
         at = attempt.start
-        for kind in ("startup", "productive", "redone"):
-            span = float(figures[f"{kind}_s"])
+        spans = {"startup": figures.startup_s, "productive": figures.productive_s, "redone": figures.redone_s}
+        for kind, seconds in spans.items():
+            span = float(seconds)
             if span > 0:
                 nodes = f", {len(attempt.nodes)} nodes" if ranged else ""
                 text = f"attempt {attempt.attempt}{nodes}" if kind == "productive" else ""
@@ -191,13 +192,8 @@ def _checkpoint_marks(
 ) -> list[Mark]:
     """A mark at each checkpoint the ledger still holds, and at each attempt's latest one, on the row of the
     attempt that wrote it."""
-    ledger_file = read_json(rd.checkpoint_ledger)
-    entries = ledger_file.get("checkpoints") if isinstance(ledger_file, dict) else None
-    found = {
-        float(e["time"]): e.get("step")
-        for e in (entries if isinstance(entries, list) else [])
-        if isinstance(e, dict) and isinstance(e.get("time"), int | float)
-    }
+    written = rd.checkpoint_ledger_record()
+    found: dict[float, int | None] = {r.time: r.step for r in (written.checkpoints if written is not None else ())}
     for attempt in attempts:
         progress = attempt.progress
         if progress is not None and progress.checkpoint_time:
@@ -219,7 +215,8 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
 
     rd = RunDir(Path(run_dir))
     line = timeline(rd)
-    if not line.rows:
+    gp = line.goodput
+    if not line.rows or gp is None:  # (a run with an allocation has a ledger)
         raise ValueError(
             f"{rd.path} has no Slurm allocation on record (status/allocations.json): the timeline draws the "
             "allocations and attempts of a Slurm job"
@@ -266,11 +263,9 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
         fontsize=8,
         frameon=False,
     )
-    gp = line.goodput
     ax.set_title(
-        f"{rd.path.name}: ETTR {gp.get('ettr', 0):.2f} ({gp.get('productive_s', 0):.0f} s productive of "
-        f"{gp.get('wall_s', 0):.0f} s allocated; {gp.get('attempts', 0)} attempts, {gp.get('allocations', 0)} "
-        f"allocations)",
+        f"{rd.path.name}: ETTR {gp.ettr:.2f} ({gp.productive_s:.0f} s productive of {gp.wall_s:.0f} s allocated; "
+        f"{gp.attempts} attempts, {gp.allocations} allocations)",
         fontsize=10,
     )
     path = out or rd.plots / "timeline.png"
@@ -278,14 +273,15 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
     return save(fig, path)
 
 
-def summary(rd: RunDir, goodput: dict[str, Any] | None = None) -> str:
+def summary(rd: RunDir, goodput: GoodputLedger | None = None) -> str:
     """One line for ``jobs status``: where the time went, and how to draw it ('' for a run with no allocation)."""
     line = timeline(rd, goodput)
-    if not line.rows:
+    gp = line.goodput
+    if not line.rows or gp is None:  # (a run with an allocation has a ledger)
         return ""
     totals = line.totals()
     parts = ", ".join(f"{LABELS[k]} {totals[k]:.0f}s" for k in COLOURS if totals[k] >= 0.5)
     return (
-        f"{rd.path}: {len(line.rows)} allocation(s), {line.goodput.get('attempts', 0)} attempt(s): {parts}; "
-        f"ETTR {line.goodput.get('ettr', 0):.2f} (draw it: python -m hpc_train.plot {rd.path} --timeline)"
+        f"{rd.path}: {len(line.rows)} allocation(s), {gp.attempts} attempt(s): {parts}; "
+        f"ETTR {gp.ettr:.2f} (draw it: python -m hpc_train.plot {rd.path} --timeline)"
     )

@@ -27,15 +27,16 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 from hpc_train.core.errors import ConfigError
-from hpc_train.core.files import atomic_write, file_digest, read_json, write_json_atomic
+from hpc_train.core.files import atomic_write, file_digest
 from hpc_train.core.identity import JobIdentity
+from hpc_train.core.records import CheckpointLedger, CheckpointRecord
 from hpc_train.core.rundir import RunDir
 
 __all__ = [
@@ -72,35 +73,10 @@ def save_atomic(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-@dataclass(frozen=True, kw_only=True)
-class CheckpointRecord:
-    """One checkpoint this run wrote, as the ledger holds it."""
-
-    file: str
-    """The file's name in ``checkpoints/``."""
-    step: int
-    sha256: str
-    size: int
-    time: float
-
-    @classmethod
-    def parse(cls, raw: Any) -> CheckpointRecord | None:
-        """The record in a ledger entry; None for an entry that is damaged."""
-        try:
-            record = cls(
-                file=str(raw["file"]),
-                step=int(raw["step"]),
-                sha256=str(raw["sha256"]),
-                size=int(raw["size"]),
-                time=float(raw["time"]),
-            )
-        except (TypeError, KeyError, ValueError):
-            return None
-        return record if "/" not in record.file and record.file.startswith("step_") else None
-
-
 @dataclass(kw_only=True)
 class _Ledger:
+    """The ledger (``core.records.CheckpointLedger``) as a writer works on it."""
+
     records: list[CheckpointRecord] = field(default_factory=list)
     """Oldest step first."""
     writing: list[str] = field(default_factory=list)
@@ -145,44 +121,44 @@ class Checkpoints:
 
     # ---- the ledger ----------------------------------------------------------------------------------------
 
-    def _identity(self) -> dict[str, Any]:
+    def _identity(self) -> tuple[str, tuple[int, ...] | None]:
         """Which run dir a ledger belongs to: its path, and its inode (which a move on one file system keeps)."""
+        run = str(self.run_dir.path.resolve())
         try:
             info = self.run_dir.path.stat()
         except OSError:
-            return {"run": str(self.run_dir.path.resolve())}
-        return {"run": str(self.run_dir.path.resolve()), "inode": [info.st_dev, info.st_ino]}
+            return run, None
+        return run, (info.st_dev, info.st_ino)
 
     def _read(self) -> _Ledger:
-        raw = read_json(self.run_dir.checkpoint_ledger)
-        if not isinstance(raw, dict):
+        found = self.run_dir.checkpoint_ledger_record()
+        if found is None:
             if self.run_dir.checkpoint_ledger.exists():
                 log.warning(
                     "%s is damaged: its checkpoints are checked as unrecorded ones", self.run_dir.checkpoint_ledger
                 )
             return _Ledger()
-        mine = self._identity()
-        if "run" in raw and raw.get("run") != mine["run"] and raw.get("inode") != mine.get("inode"):
+        if not found.belongs_to(*self._identity()):
             log.warning(
                 "%s is the ledger of another run dir (%s): this run's checkpoints are checked as unrecorded ones",
                 self.run_dir.checkpoint_ledger,
-                raw.get("run"),
+                found.run,
             )
             return _Ledger()
-        records = [r for r in map(CheckpointRecord.parse, raw.get("checkpoints") or []) if r is not None]
-        writing = [str(w) for w in raw.get("writing") or [] if isinstance(w, str) and "/" not in w]
-        return _Ledger(records=sorted(records, key=lambda r: r.step), writing=writing, found=True)
+        records = sorted(found.checkpoints, key=lambda r: r.step)
+        return _Ledger(records=records, writing=list(found.writing), found=True)
 
     def _write(self, ledger: _Ledger, durable: bool = True) -> None:
-        # With a copy of the tracker runs: their ids outlive a lost status/trackers.json (tracking.ensure_runs).
-        trackers = [r.to_json() for r in self.run_dir.tracker_runs()]
-        record = {
-            "checkpoints": [asdict(r) for r in ledger.records],
-            "writing": ledger.writing,
-            "trackers": trackers,
-            **self._identity(),
-        }
-        write_json_atomic(self.run_dir.checkpoint_ledger, record, durable)
+        run, inode = self._identity()
+        record = CheckpointLedger(
+            checkpoints=tuple(ledger.records),
+            writing=tuple(ledger.writing),
+            # A copy of the tracker runs: their ids outlive a lost status/trackers.json (tracking.ensure_runs).
+            trackers=tuple(self.run_dir.tracker_runs()),
+            run=run,
+            inode=inode,
+        )
+        self.run_dir.write_checkpoint_ledger(record, durable)
 
     def records(self) -> list[CheckpointRecord]:
         """What the ledger holds, oldest step first."""

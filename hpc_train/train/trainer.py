@@ -7,7 +7,6 @@ collectives inside them line up across ranks without extra messages.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import sys
@@ -633,7 +632,7 @@ class Trainer:
             records = {r.file: r for r in self.checkpoints.records()}
             if found is not None:
                 record = records.get(found[0].name)
-                choice = [str(found[0]), None if record is None else dataclasses.asdict(record)]
+                choice = [str(found[0]), None if record is None else record.to_json()]
         dist.broadcast_object_list(choice, src=0, group=self.control)
         if choice[0] is None:
             if self.env.is_main:  # rows of an attempt that left no checkpoint: this one trains those steps again
@@ -644,7 +643,7 @@ class Trainer:
         if found is not None:
             state = found[1]  # rank 0 has read and verified it already
         else:
-            record = None if choice[1] is None else CheckpointRecord(**choice[1])
+            record = None if choice[1] is None else CheckpointRecord.from_json(choice[1])
             if record is not None and path.stat().st_size != record.size:
                 raise ValueError(f"{path} has {path.stat().st_size} bytes on this node, the ledger says {record.size}")
             state = verify_checkpoint(path, None)

@@ -149,7 +149,7 @@ def test_the_ledger_measures_each_growth_from_the_decision_to_the_first_step_on_
     )
     growth = Growth(time=57.5, job_id="7", attempt=0, step=98, nodes_before=2, nodes_expected=4, cost_s=12.0)
     book = ledger(allocations, [before, after], now=100.0, growths=[growth])
-    assert book["growths"] == [
+    assert [g.to_json() for g in book.growths] == [
         {
             "time": 57.5,
             "nodes_before": 2,
@@ -159,6 +159,6 @@ def test_the_ledger_measures_each_growth_from_the_decision_to_the_first_step_on_
             "cost_s": 15.0,
         }
     ]
-    assert book["growth_s"] == 15.0
-    assert book["reshapes"][0]["nodes_after"] == 4
-    assert ledger(allocations, [before, after], now=100.0)["growths"] == []
+    assert book.growth_s == 15.0
+    assert book.reshapes[0].nodes_after == 4
+    assert ledger(allocations, [before, after], now=100.0).growths == ()

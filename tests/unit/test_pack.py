@@ -159,10 +159,20 @@ def test_the_pack_supervisor_skips_ended_members_and_keeps_each_status(tmp_path:
 def test_the_pack_ledger_counts_the_jobs_once_and_every_member_s_training() -> None:
     """Two members in one job, requeued once: the pack held 100 s + 50 s for each of 2 members (300
     member-seconds), of which they trained 80 + 40 + 60: ETTR 0.6."""
-    from hpc_train.core.goodput import pack_ledger
+    from dataclasses import replace
+
+    from hpc_train.core.goodput import GoodputLedger, ledger, pack_ledger
     from hpc_train.core.records import Allocation
+
+    def trained(seconds: float) -> GoodputLedger:
+        """A member's own ledger that counts ``seconds`` productive."""
+        return replace(ledger([], [], now=0.0), productive_s=seconds)
 
     first = [Allocation(job_id="5", start=100.0, end=200.0), Allocation(job_id="5", requeue=1, start=300, end=340)]
     second = [Allocation(job_id="5", start=101.0, end=150.0), Allocation(job_id="5", requeue=1, start=301, end=350)]
-    got = pack_ledger([first, second], [{"productive_s": 80.0 + 60.0}, {"productive_s": 40.0}])
-    assert got == {"members": 2, "allocations": 2, "wall_s": 150.0, "productive_s": 180.0, "ettr": 0.6}
+    got = pack_ledger([first, second], [trained(80.0 + 60.0), trained(40.0)])
+    assert got.to_json() == {"members": 2, "allocations": 2, "wall_s": 150.0, "productive_s": 180.0, "ettr": 0.6}
+    # A member with no attempt yet counts for none of the training but for its share of the time held.
+    with_job = pack_ledger([first, second, []], [trained(180.0), None, None], job_id="5")
+    assert (with_job.members, with_job.productive_s, with_job.ettr) == (3, 180.0, 0.4)
+    assert with_job.to_json()["job_id"] == "5"

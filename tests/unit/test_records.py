@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from hpc_train.core import records
 from hpc_train.core.records import (
     Allocation,
     AttemptOutcome,
@@ -23,7 +24,12 @@ from hpc_train.core.records import (
 )
 from hpc_train.core.rundir import RunDir
 
-RECORDS = [Progress, Failure, AttemptRecord, Allocation, RequeueEntry, BadNode, RankStatus]
+RECORDS = [
+    kind
+    for kind in vars(records).values()
+    if isinstance(kind, type) and issubclass(kind, records._Record) and dataclasses.is_dataclass(kind)
+]
+"""Every record of core/records.py (the lease, the batch exit, the checkpoint ledger, ... as well)."""
 
 # As the supervisor wrote them before the records were typed (status/attempts.json, allocations.json, ...).
 FAILED_ATTEMPT = {
@@ -180,6 +186,7 @@ def test_salvage_keeps_what_is_whole() -> None:
 
 
 def test_every_field_without_a_default_is_a_required_key() -> None:
+    assert len(RECORDS) >= 25 and records.CheckpointLedger in RECORDS and records.BatchExit in RECORDS
     for kind in RECORDS:
         needed = {
             f.name

@@ -280,16 +280,17 @@ def test_ledger_of_a_restart_in_the_allocation() -> None:
         },
     ]
     book = ledger(as_allocations(*allocations), as_attempts(*attempts), now=200.0)
-    first, second = book["per_attempt"]
-    assert (first["kept_step"], first["startup_s"], first["productive_s"], first["redone_s"]) == (30, 9.0, 30.0, 7.0)
-    assert (second["kept_step"], second["startup_s"], second["productive_s"]) == (70, 7.0, 40.0)
-    assert book["productive_s"] == 70.0 and book["wall_s"] == 100.0 and book["ettr"] == 0.7
-    assert book["lost_s"] == 30.0 and book["restart_gaps_s"] == pytest.approx(30.0 - 9 - 7 - 7 - 1)
+    first, second = book.per_attempt
+    assert (first.kept_step, first.startup_s, first.productive_s, first.redone_s) == (30, 9.0, 30.0, 7.0)
+    assert (second.kept_step, second.startup_s, second.productive_s) == (70, 7.0, 40.0)
+    assert book.productive_s == 70.0 and book.wall_s == 100.0 and book.ettr == 0.7
+    assert book.lost_s == 30.0 and book.restart_gaps_s == pytest.approx(30.0 - 9 - 7 - 7 - 1)
     restart = {"after_attempt": 0, "class": "killed", "in_allocation": True, "latency_s": 11.0}
-    assert book["restarts"] == [restart | {"ranks_before": None, "ranks_after": None}]  # records without ranks
+    # (records without ranks)
+    assert [r.to_json() for r in book.restarts] == [restart | {"ranks_before": None, "ranks_after": None}]
     # While the allocation still runs, "now" closes it.
-    assert ledger(as_allocations({"job_id": "7", "start": 0.0, "end": None}), [], now=50.0)["wall_s"] == 50.0
-    assert ledger([], [])["ettr"] == 0.0
+    assert ledger(as_allocations({"job_id": "7", "start": 0.0, "end": None}), [], now=50.0).wall_s == 50.0
+    assert ledger([], []).ettr == 0.0
 
 
 # ---- the restart loop, with a stand-in for srun --------------------------------------------------------------
@@ -562,7 +563,7 @@ def test_a_requeue_is_not_an_in_allocation_restart() -> None:
     book = ledger(
         as_allocations({"job_id": "7", "start": 0.0, "end": 10.0}), as_attempts(failed_attempt, after), now=40.0
     )
-    assert book["restarts"][0]["in_allocation"] is False
+    assert book.restarts[0].in_allocation is False
 
 
 def test_the_ledger_reads_the_attempts_once_per_allocation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

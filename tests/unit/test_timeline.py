@@ -50,13 +50,14 @@ def test_the_bars_split_the_allocated_time_as_the_goodput_ledger_does(run: RunDi
     line = timeline(run)
     assert line.rows == ["job 7", "job 7 (requeue 1)"]
     totals, gp = line.totals(), line.goodput
-    for kind in ("startup", "productive", "redone"):
-        assert totals[kind] == pytest.approx(gp[f"{kind}_s"])
+    assert gp is not None
+    for kind, seconds in (("startup", gp.startup_s), ("productive", gp.productive_s), ("redone", gp.redone_s)):
+        assert totals[kind] == pytest.approx(seconds)
     # In the queue: from the submission to the first allocation, and from its end to the requeued one's start.
     assert totals["queue"] == pytest.approx(10 + 20)
     # Outside every attempt but inside an allocation: the supervisor's start and end, the restart gap.
     allocated = totals["startup"] + totals["productive"] + totals["redone"] + totals["gap"]
-    assert allocated == pytest.approx(gp["wall_s"])
+    assert allocated == pytest.approx(gp.wall_s)
     assert line.origin == T
 
 
