@@ -59,6 +59,7 @@ __all__ = [
     "RankCompute",
     "RankState",
     "RankStatus",
+    "RankTableEntry",
     "RecordError",
     "RequeueEntry",
     "Reshape",
@@ -1081,6 +1082,43 @@ class CheckpointLedger(_Record):
         """Whether it is the ledger of the run dir at ``run`` (or of the one with ``inode``, moved since); one that
         names no run dir (written before it did) is."""
         return self.run is None or self.run == run or self.inode == inode
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTableEntry(_Record):
+    """One rank's row of ``rank_table.json`` (``distributed.table.RankRow``, with the attempt that gathered it):
+    what the rank resolved about itself."""
+
+    host: str
+    rank: int
+    local_rank: int
+    node: int
+    device: str
+    backend: str
+    master: str
+    """MASTER_ADDR:MASTER_PORT."""
+    source: str
+    """Where its rank came from (torchrun, Slurm, submitit, ...)."""
+    pid: int
+    cuda_visible_devices: str = ""
+    attempt: int | None = None
+    asked: str | None = None
+    """For a job that asked for a node range: what it got (``job 12 asked for 2-8 nodes, got 4``)."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "host": _Key("is not a host name", _string, required=True),
+        "rank": _Key("is not a rank number", lambda v: _integer(v) and v >= 0, required=True),
+        "local_rank": _Key("is not a rank number", _integer, required=True),
+        "node": _Key("is not a node number", _integer, required=True),
+        "device": _Key("is not a device", _string, required=True),
+        "backend": _Key("is not a backend", _string, required=True),
+        "master": _Key("is not an address", _string, required=True),
+        "source": _Key("is not a source", _string, required=True),
+        "pid": _Key("is not a process id", _integer, required=True),
+        "cuda_visible_devices": _Key("is not a string", _string),
+        "attempt": _Key("is not an attempt number", _integer),
+        "asked": _Key("is not a string", _string),
+    }
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -77,6 +77,7 @@ from hpc_train.core.records import (
     Progress,
     RankState,
     RankStatus,
+    RankTableEntry,
     RequeueEntry,
     Reshape,
     StartupProfile,
@@ -110,7 +111,16 @@ log = logging.getLogger(__name__)
 
 
 _Record = TypeVar(
-    "_Record", AttemptRecord, Allocation, RequeueEntry, BadNode, Reshape, TrackerRun, Growth, StragglerReport
+    "_Record",
+    AttemptRecord,
+    Allocation,
+    RequeueEntry,
+    BadNode,
+    Reshape,
+    TrackerRun,
+    Growth,
+    StragglerReport,
+    RankTableEntry,
 )
 
 
@@ -306,8 +316,12 @@ class RunDir:
         """Every rank's host, ranks, device and rendezvous address, as gathered at start."""
         return self.path / "rank_table.json"
 
-    def write_rank_table(self, rows: list[dict[str, Any]]) -> None:
-        write_json_atomic(self.rank_table, rows)
+    def write_rank_table(self, rows: Sequence[RankTableEntry]) -> None:
+        write_json_atomic(self.rank_table, [row.to_json() for row in rows])
+
+    def rank_table_entries(self) -> list[RankTableEntry]:
+        """The ranks' rows of the latest rank table, less what is damaged."""
+        return _checked_list(self.rank_table, RankTableEntry, "ranks")[0]
 
     @property
     def checkpoints(self) -> Path:

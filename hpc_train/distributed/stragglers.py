@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from hpc_train.core.records import SlowRank, StragglerReport
+from hpc_train.core.records import RankTableEntry, SlowRank, StragglerReport
 
 __all__ = ["ComputeClock", "RankWindow", "StragglerJudge", "StragglerWatch", "device_name", "rank_places"]
 
@@ -261,13 +261,9 @@ class StragglerWatch:
         self.clock.close()
 
 
-def rank_places(rows: Sequence[Mapping[str, Any]]) -> dict[int, tuple[str, str]]:
+def rank_places(rows: Sequence[RankTableEntry]) -> dict[int, tuple[str, str]]:
     """Each rank's host and device from the rank table's rows (``device_name``)."""
-    return {
-        row["rank"]: (str(row.get("host", "")), device_name(row.get("device", ""), row.get("cuda_visible_devices")))
-        for row in rows
-        if isinstance(row.get("rank"), int)
-    }
+    return {row.rank: (row.host, device_name(row.device, row.cuda_visible_devices)) for row in rows}
 
 
 def device_name(device: object, visible: object = "") -> str:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from hpc_train.core.hostlist import compress_hostlist
+from hpc_train.core.records import RankTableEntry
 from hpc_train.core.textutil import first_few, format_table, number_ranges, plural
 from hpc_train.distributed.env import DistEnv
 
@@ -37,6 +38,23 @@ class RankRow:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def entry(self, attempt: int, asked: str | None = None) -> RankTableEntry:
+        """Its row of ``rank_table.json``, with the attempt that gathered it."""
+        return RankTableEntry(
+            host=self.host,
+            rank=self.rank,
+            local_rank=self.local_rank,
+            node=self.node,
+            device=self.device,
+            backend=self.backend,
+            master=self.master,
+            source=self.source,
+            pid=self.pid,
+            cuda_visible_devices=self.cuda_visible_devices,
+            attempt=attempt,
+            asked=asked,
+        )
 
 
 def _own_row(env: DistEnv, device: torch.device) -> RankRow:

@@ -247,8 +247,7 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
             f"; {asked}" if asked else "",
             summarize_rank_table(rows),
         )
-        extra = {"attempt": attempt, "asked": asked} if asked else {"attempt": attempt}
-        rd.write_rank_table([row.as_dict() | extra for row in rows])
+        rd.write_rank_table([row.entry(attempt, asked or None) for row in rows])
 
 
 def _observers(

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from hpc_train.config import Config, TrainerConfig
 from hpc_train.config.shape import Shape
 from hpc_train.core.errors import ConfigError, Diverged, tag_step
-from hpc_train.core.files import read_json
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import shows_progress_bar
 from hpc_train.distributed import DistEnv
@@ -174,7 +173,7 @@ class Trainer:
         sc = self.cfg.cluster.stragglers
         if not sc.enabled or self.env.world_size < 2:
             return None
-        rows = read_json(self.run_dir.rank_table) if self.env.is_main else None
+        rows = self.run_dir.rank_table_entries() if self.env.is_main else []
         # Compiled, the hooks go on the compiled module's outside: a pre-hook inside would be traced with it.
         module = self.model if self.cfg.trainer.compile else self.raw_model
         return StragglerWatch(
@@ -184,7 +183,7 @@ class Trainer:
             window_s=sc.window_s,
             margin=sc.margin,
             windows=sc.windows,
-            where=rank_places(rows if isinstance(rows, list) else []),
+            where=rank_places(rows),
             on_report=self.observer.on_stragglers,
         )
 

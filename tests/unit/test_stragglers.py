@@ -3,6 +3,7 @@ where the verdict goes (the log, status/stragglers.json, the trackers)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -102,14 +103,20 @@ def test_ranks_that_measured_nothing_take_no_part() -> None:
     assert judge.judge(_window(0.2), step=6).ranks == ()  # one rank: nobody to compare with
 
 
-def test_the_device_of_a_rank_names_its_gpu_as_the_node_numbers_it() -> None:
+def test_the_device_of_a_rank_names_its_gpu_as_the_node_numbers_it(tmp_path: Path) -> None:
+    """From rank_table.json as the worker writes it; a damaged row is left out."""
+    same = {"local_rank": 0, "node": 0, "backend": "nccl", "master": "g1:29500", "source": "slurm", "pid": 7}
     rows = [
-        {"rank": 0, "host": "g1", "device": "cuda:0", "cuda_visible_devices": "4,5"},
-        {"rank": 1, "host": "g1", "device": "cuda:1", "cuda_visible_devices": "4,5"},
-        {"rank": 2, "host": "c1", "device": "cpu", "cuda_visible_devices": ""},
-        {"rank": "x"},
+        {**same, "rank": 0, "host": "g1", "device": "cuda:0", "cuda_visible_devices": "4,5", "attempt": 0},
+        {**same, "rank": 1, "host": "g1", "device": "cuda:1", "cuda_visible_devices": "4,5", "attempt": 0},
+        {**same, "rank": 2, "host": "c1", "device": "cpu", "cuda_visible_devices": "", "attempt": 0},
+        {**same, "rank": "x"},
     ]
-    assert rank_places(rows) == {0: ("g1", "cuda:0 (GPU 4)"), 1: ("g1", "cuda:1 (GPU 5)"), 2: ("c1", "cpu")}
+    run_dir = RunDir(tmp_path)
+    run_dir.rank_table.write_text(json.dumps(rows))
+    entries = run_dir.rank_table_entries()
+    assert [e.to_json() for e in entries] == rows[:3]  # the JSON as it was written, key for key
+    assert rank_places(entries) == {0: ("g1", "cuda:0 (GPU 4)"), 1: ("g1", "cuda:1 (GPU 5)"), 2: ("c1", "cpu")}
 
 
 def _report(step: int, *slow: int, now: float = 0.0) -> StragglerReport:
