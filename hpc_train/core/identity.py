@@ -45,7 +45,8 @@ class JobIdentity:
     counting requeues and in-allocation restarts), else Slurm's restart count, else the number a local launcher
     handed the worker (``JobIdentity.next_attempt``). It names the rank logs."""
     supervised: bool = False
-    """The attempt number came from the Slurm supervisor, which tells its attempts' rank statuses apart by it."""
+    """The attempt number came from the Slurm supervisor (HPC_TRAIN_ATTEMPT), not from Slurm's restart count or a
+    local launcher."""
 
     @staticmethod
     def next_attempt(logged: int, recorded: Sequence[int] = ()) -> int:
@@ -94,11 +95,6 @@ class JobIdentity:
     def allocation(self) -> tuple[str, int]:
         """The allocation: the job and Slurm's restart count (``scontrol requeue`` keeps the job id)."""
         return self.slurm_job or "", self.requeues
-
-    @property
-    def stamp(self) -> int | None:
-        """The attempt number a rank status carries: the supervisor's, else none."""
-        return self.attempt if self.supervised else None
 
     def for_attempt(self, number: int) -> JobIdentity:
         """The identity of the training step the supervisor starts as attempt ``number``."""

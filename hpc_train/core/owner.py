@@ -155,7 +155,7 @@ def _judge(record: LeaseRecord, probe: JobProbe | None) -> Owner:
         return Owner(record, False, "the process is gone")
     allocation = record.allocation
     if allocation:  # cluster.slurm.submit=here: a launcher inside a Slurm allocation, maybe a batch script of one's own
-        here, recorded = JobIdentity.from_environ(), record.restart
+        here, recorded = JobIdentity.from_environ(), record.requeue
         if here.job_id == allocation and recorded is not None and here.requeues > recorded:
             return Owner(record, False, f"Slurm requeued allocation {allocation} since, ending that launcher")
         if probe is not None and probe(allocation)[0] is False:

@@ -219,6 +219,19 @@ class _Record:
     KEYS: ClassVar[Mapping[str, _Key]]
     NULLS: ClassVar[frozenset[str]] = frozenset()
     """Keys written even when their value is None (as JSON null); other None fields are left out."""
+    RENAMED: ClassVar[Mapping[str, str]] = {}
+    """Keys of records written by earlier versions, and the key each is read as now. The old key's value wins:
+    a rank status written before the rename holds both ``restart`` (the attempt number) and ``attempt`` (then only
+    the supervisor's, else none)."""
+
+    @classmethod
+    def _current(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """``data`` with its keys as this version names them (``RENAMED``)."""
+        current = dict(data)
+        for old, new in cls.RENAMED.items():
+            if old in current:
+                current[new] = current.pop(old)
+        return current
 
     @classmethod
     def clean(cls, data: object) -> tuple[dict[str, Any] | None, list[str]]:
@@ -226,6 +239,7 @@ class _Record:
         no JSON object). Keys this record does not know are kept."""
         if not isinstance(data, Mapping):
             return None, [f"holds a JSON {type(data).__name__}, not an object"]
+        data = cls._current(data)
         clean, problems = dict(data), []
         for key, spec in cls.KEYS.items():
             if key not in data:
@@ -248,7 +262,7 @@ class _Record:
             return None, problems
         needed = [key for key, spec in cls.KEYS.items() if spec.required and key not in clean]
         if needed:
-            return None, problems + [f"{key} is missing" for key in needed if key not in data]
+            return None, problems + [f"{key} is missing" for key in needed if key not in cls._current(data)]
         values = {key: spec.read(clean.pop(key)) for key, spec in cls.KEYS.items() if key in clean}
         return cls._make(values, clean), problems
 
@@ -492,8 +506,8 @@ class Allocation(_Record):
 class RequeueEntry(_Record):
     """An attempt that stopped on the preemption signal and asked to be requeued (``status/restarts.json``)."""
 
-    restart: int
-    """The attempt's number."""
+    attempt: int
+    """The attempt's number (``restart`` in records written before)."""
     resumed_step: int | None = None
     """The step it resumed from, and the one it stopped at (None: a user's script that reports no steps)."""
     stopped_step: int | None = None
@@ -503,7 +517,7 @@ class RequeueEntry(_Record):
     """Seconds from the signal to the durable checkpoint the attempt stopped with (rank 0's count)."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
-        "restart": _Key("is not an attempt number", _integer, required=True),
+        "attempt": _Key("is not an attempt number", _integer, required=True),
         "resumed_step": _STEP,
         "stopped_step": _STEP,
         "signal": _Key("is not a signal number", _integer, required=True),
@@ -511,6 +525,7 @@ class RequeueEntry(_Record):
         "stop_saved_s": _SECONDS,
     }
     NULLS = frozenset({"resumed_step", "stopped_step"})
+    RENAMED: ClassVar[Mapping[str, str]] = {"restart": "attempt"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -627,9 +642,7 @@ class RankStatus(_Process):
     run: str | None = None
     """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
     attempt: int | None = None
-    """The supervisor's attempt number (Slurm)."""
-    restart: int | None = None
-    """The attempt the worker counted (``JobIdentity.attempt``)."""
+    """The attempt of the run dir that wrote it (``JobIdentity.attempt``; ``restart`` in records written before)."""
     step: int | None = None
     failed_step: int | None = None
     """The trainer's step when it raised (or the last step a user's script reported)."""
@@ -655,7 +668,6 @@ class RankStatus(_Process):
         "time": _Key("is not a time stamp (seconds since the epoch)", _number),
         "run": _Key("is not a run dir's path", _string),
         "attempt": _Key("is not an attempt number", _integer),
-        "restart": _Key("is not an attempt number", _integer),
         "step": _STEP,
         "failed_step": _Key("is not a step number", _integer),
         "error": _Key("is not a string", _string),
@@ -665,6 +677,7 @@ class RankStatus(_Process):
         "stop_saved_s": _SECONDS,
         "note": _Key("is not a string", _string),
     }
+    RENAMED: ClassVar[Mapping[str, str]] = {"restart": "attempt"}
 
     @classmethod
     def _make(cls, values: dict[str, Any], unknown: dict[str, Any]) -> Self:
@@ -1232,8 +1245,8 @@ class LeaseRecord(_Process):
     """When the launcher last rewrote the lease (every ``owner.HEARTBEAT_S``)."""
     allocation: str | None = None
     """cluster.slurm.submit=here: the Slurm allocation the launcher runs in..."""
-    restart: int | None = None
-    """... and Slurm's restart count of it when the lease was taken."""
+    requeue: int | None = None
+    """... and Slurm's restart count of it when the lease was taken (``restart`` in leases written before)."""
     watcher: LeaseWatcher | None = None
     job_id: str | None = None
     """The Slurm job it was handed to (``kind`` slurm)."""
@@ -1255,12 +1268,13 @@ class LeaseRecord(_Process):
         "heartbeat": _TIME,
         "allocation": _JOB_ID,
         # isinstance(v, int), a JSON true included: launchers have always compared it so.
-        "restart": _Key("is not a restart count", lambda v: isinstance(v, int)),
+        "requeue": _Key("is not a restart count", lambda v: isinstance(v, int)),
         "watcher": _nested(LeaseWatcher),
         "job_id": _JOB_ID,
         "handed": _TIME,
     }
     NULLS = frozenset({"pid_start"})
+    RENAMED: ClassVar[Mapping[str, str]] = {"restart": "requeue"}
 
     @classmethod
     def _make(cls, values: dict[str, Any], unknown: dict[str, Any]) -> Self:

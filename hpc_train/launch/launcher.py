@@ -55,7 +55,7 @@ def claim_run_dir(cfg: Config, run_dir: RunDir) -> owner.Lease:
     here = cfg.cluster.launcher == "slurm" and cfg.cluster.slurm.submit == "here"
     launcher = "slurm submit=here" if here else cfg.cluster.launcher
     job = JobIdentity.from_environ()
-    facts = {"allocation": job.job_id, "restart": job.requeues}
+    facts = {"allocation": job.job_id, "requeue": job.requeues}
     return owner.claim(run_dir.path, launcher, probe=slurm_probe, facts=facts if here else None)
 
 

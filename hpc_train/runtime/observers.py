@@ -73,8 +73,8 @@ class Kicks(StepObserver):
 
 
 class Heartbeat(StepObserver):
-    """The rank's status, rewritten at every metrics row with its step and peak memory (and the supervisor's
-    attempt number, ``JobIdentity.stamp``)."""
+    """The rank's status, rewritten at every metrics row with its step and peak memory (and the attempt's number,
+    ``JobIdentity.attempt``)."""
 
     def __init__(self, run_dir: RunDir, rank: int, attempt: int | None = None) -> None:
         self.run_dir, self.rank, self.attempt = run_dir, rank, attempt

@@ -43,7 +43,7 @@ def requeue_target(environ: Mapping[str, str] | None = None) -> str | None:
 
 def record_attempt(
     rd: RunDir,
-    restart: int,
+    attempt: int,
     resumed_step: int | None,
     stopped_step: int | None,
     signum: int,
@@ -51,7 +51,7 @@ def record_attempt(
 ) -> list[RequeueEntry]:
     """Append this attempt to ``status/restarts.json``; returns the whole history."""
     entry = RequeueEntry(
-        restart=restart,
+        attempt=attempt,
         resumed_step=resumed_step,
         stopped_step=stopped_step,
         signal=signum,
@@ -130,7 +130,7 @@ def after_stop(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit
         raise LaunchError(why_not)
     outcome = replace(outcome, requeued=target)
     # Written first: once requeued, Slurm ends this job's processes (SIGTERM, then SIGKILL) at any moment.
-    rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
+    rd.write_status(env.rank, outcome.state, attempt=job.attempt, step=outcome.step, **outcome.extra)
     if in_pack():  # the pack's supervisor requeues the job once, when every member has stopped or finished
         log.warning("stopped %s on signal %d; the pack's supervisor requeues %s", at_step(fit.step), fit.signal, target)
         return outcome

@@ -302,7 +302,7 @@ def run_user_script(
     stderr go to this rank's log as well as to its console (or Slurm and submitit output). ``startup``: the
     worker's start-up marks, completed with the script's part (``script_startup``).
     """
-    rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
+    rd.write_status(env.rank, RankState.RUNNING, attempt=job.attempt)
     rd.progress(env.rank).unlink(missing_ok=True)
     what = cfg.script.path or cfg.script.module or cfg.script.command
     if cfg.script.torchrun_env:
@@ -331,7 +331,7 @@ def run_user_script(
                 early_stop,
                 log_path,
                 extra=trackers,
-                peers_ended=lambda: scripts_ended(rd, env, job.stamp),
+                peers_ended=lambda: scripts_ended(rd, env, job.attempt),
             )
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
@@ -565,14 +565,14 @@ def _keep_until(peers_ended: Callable[[], bool], timeout: timedelta) -> None:
         time.sleep(0.2)
 
 
-def scripts_ended(rd: RunDir, env: DistEnv, stamp: int | None) -> bool:
+def scripts_ended(rd: RunDir, env: DistEnv, attempt: int) -> bool:
     """Whether every rank but rank 0 has ended its script in this attempt: its worker wrote its end (completed,
-    stopped or failed) with this attempt's ``stamp``, or the process that said it runs here is gone. The
+    stopped or failed) with this ``attempt``'s number, or the process that said it runs here is gone. The
     supervisor and the local launcher clear the ranks' statuses before each attempt."""
     statuses = rd.rank_statuses()
     for rank in range(1, env.world_size):
         status = statuses.get(rank)
-        if status is None or status.attempt != stamp:
+        if status is None or status.attempt != attempt:
             return False
         if is_live(status) and rank_process_alive(status) is not False:
             return False

@@ -67,7 +67,7 @@ def run(run_dir: str | Path, attempt: int = 0) -> None:
 def _run_rank(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> None:
     """This rank's life, from its first status to its last."""
     # Before the slow imports: launchers watch it.
-    rd.write_status(env.rank, RankState.STARTING, attempt=job.stamp, restart=job.attempt)
+    rd.write_status(env.rank, RankState.STARTING, attempt=job.attempt)
     startup.mark("resolve")
     try:
         setup_logging(rd, env, job.attempt)
@@ -75,14 +75,14 @@ def _run_rank(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> N
     except ScriptError as exc:
         # The script printed its own traceback, and the launcher prints the summary: ours, which says
         # nothing about the user's code, goes to the rank's log only, and the rank ends with status 1.
-        rd.write_failure(env.rank, exc, attempt=job.stamp)
+        rd.write_failure(env.rank, exc, attempt=job.attempt)
         with rd.rank_log(env.rank, job.attempt).open("a") as stream:
             stream.write(f"hpc_train: {exc}\nhpc_train: where the worker saw it:\n{traceback.format_exc()}")
         raise SystemExit(ExitCode.FAILED) from None
     except BaseException as exc:
-        rd.write_failure(env.rank, exc, attempt=job.stamp)
+        rd.write_failure(env.rank, exc, attempt=job.attempt)
         raise
-    rd.write_status(env.rank, outcome.state, attempt=job.stamp, step=outcome.step, restart=job.attempt, **outcome.extra)
+    rd.write_status(env.rank, outcome.state, attempt=job.attempt, step=outcome.step, **outcome.extra)
 
 
 def _launch_key(env: DistEnv, job: JobIdentity) -> str:
@@ -200,7 +200,7 @@ def _train(
         _publish_rank_table(rd, env, device, job.attempt)
         if env.is_main:
             log_timeouts(cfg, rd, os.environ, logging.getLogger("hpc_train"))
-        rd.write_status(env.rank, RankState.RUNNING, attempt=job.stamp, restart=job.attempt)
+        rd.write_status(env.rank, RankState.RUNNING, attempt=job.attempt)
         startup.mark("process_group")
         observers = _observers(rd, env, job, watchdog, fault, trackers, mirror, startup)
         return _fit(rd, env, cfg, device, stop, observers, startup)
@@ -221,7 +221,7 @@ def _guards(
     with rd.rank_log(env.rank, job.attempt).open("a") as stream:
 
         def fired(why: str) -> None:
-            rd.write_failure(env.rank, why, "(stacks in the rank log)", attempt=job.stamp)
+            rd.write_failure(env.rank, why, "(stacks in the rank log)", attempt=job.attempt)
 
         watchdog = Watchdog(cfg.trainer.watchdog_s, stream, fired).start()
         try:
@@ -274,7 +274,9 @@ def _observers(
         copies.append(MirrorCopies(mirror))
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
     marks = StartupMarks(startup, rd, env.rank, env.hostname)
-    return Observers(marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.stamp), *tracking, *copies, *faults)
+    return Observers(
+        marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.attempt), *tracking, *copies, *faults
+    )
 
 
 def _fit(

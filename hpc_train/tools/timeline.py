@@ -130,7 +130,7 @@ def timeline(rd: RunDir, goodput: GoodputLedger | None = None) -> Timeline:
             out.marks.append(Mark(row, "failure", at, attempt.failure.kind))
     by_number = {a.attempt: a for a in attempts}
     for entry in rd.requeue_records():
-        stopped = by_number.get(entry.restart)
+        stopped = by_number.get(entry.attempt)
         on_row = None if stopped is None else row_of.get(stopped.allocation)
         when = _signalled(entry, stopped)
         if on_row is not None and when is not None:

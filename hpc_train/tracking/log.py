@@ -54,7 +54,7 @@ def attempt_note(run_dir: RunDir, attempt: int, resumed_from: int) -> str:
     """What an attempt is, in words for the tracker: which one, from which step, and after what."""
     after = ""
     attempts = [a for a in run_dir.attempt_records() if a.attempt < attempt]
-    requeues = [r for r in run_dir.requeue_records() if r.restart < attempt]
+    requeues = [r for r in run_dir.requeue_records() if r.attempt < attempt]
     if attempts and attempts[-1].outcome is not AttemptOutcome.RUNNING:
         last = attempts[-1]
         why = f" ({last.failure.kind})" if last.failure is not None else ""

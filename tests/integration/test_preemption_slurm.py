@@ -49,7 +49,7 @@ def assert_requeued_and_exact(run_dir: Path, baseline: Baseline, job_id: str, re
     assert wait_for_job(job_id, timeout=300) == "COMPLETED"
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=run_dir.parent).stdout)[0]
     assert status["state"] == "COMPLETED", status
-    assert {s["restart"] for s in RunDir(run_dir).read_statuses().values()} == {1}  # SLURM_RESTART_COUNT=1
+    assert {s["attempt"] for s in RunDir(run_dir).read_statuses().values()} == {1}  # SLURM_RESTART_COUNT=1
     log = (run_dir / "logs" / "rank_0.restart1.log").read_text()
     assert "resumed from" in log, log[-2000:]
     history = read_json(RunDir(run_dir).restarts)
@@ -116,9 +116,9 @@ def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
     assert wait_for_job(array_id, timeout=300) == "COMPLETED"
     history = read_json(element.restarts)
     assert history and len(history) == 1
-    assert read_json(element.status_path(0))["restart"] == 1
+    assert read_json(element.status_path(0))["attempt"] == 1
     assert (element.path / "model_final.pt").is_file() and (tmp_path / "sweep" / "0" / "model_final.pt").is_file()
-    assert read_json(RunDir(tmp_path / "sweep" / "0").status_path(0))["restart"] == 0
+    assert read_json(RunDir(tmp_path / "sweep" / "0").status_path(0))["attempt"] == 0
     assert read_json(element.status_path(0))["step"] == 1000
 
 

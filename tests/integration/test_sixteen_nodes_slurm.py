@@ -118,7 +118,7 @@ def test_sixteen_nodes_preempted_and_resumed_with_one_status_file_per_node(tmp_p
     status = json.loads(cli("hpc_train.jobs", "status", "--json", str(run_dir), cwd=tmp_path).stdout)[0]
     assert status["state"] == "COMPLETED", status
     statuses = rd.rank_statuses()
-    assert len(statuses) == NODES and {(s.state.value, s.restart) for s in statuses.values()} == {("completed", 1)}
+    assert len(statuses) == NODES and {(s.state.value, s.attempt) for s in statuses.values()} == {("completed", 1)}
     summaries = rd.node_summaries()
     assert sorted(s.host for s in summaries) == sorted(f"node{i}" for i in range(1, NODES + 1))
     assert [p.name for p in rd.status_dir.glob("rank_*.json")] == ["rank_0.json"]

@@ -69,7 +69,7 @@ def test_the_requeue_gap_is_measured_else_slurms_cred_expire(tmp_path: Path, mon
     ]
     assert requeue_gap_s(allocations) == (8.0, "median of this run's 1 requeue")
     assert checkpoint_cost_s([]) == (0.0, "not measured yet")
-    assert checkpoint_cost_s([RequeueEntry(restart=0, signal=12, stop_saved_s=1.5)]) == (1.5, "median of 1 stop")
+    assert checkpoint_cost_s([RequeueEntry(attempt=0, signal=12, stop_saved_s=1.5)]) == (1.5, "median of 1 stop")
 
 
 SBATCH = """\

@@ -141,12 +141,12 @@ def test_a_launcher_in_an_allocation_is_gone_once_slurm_requeued_or_ended_it(
 ) -> None:
     """cluster.submit=here in a batch script of one's own: after a requeue the script runs again, maybe on
     another node, while the lease of its killed first run still has a fresh heartbeat."""
-    write_lease(tmp_path, lease_of(1, host="node7", launcher="slurm submit=here", allocation="77", restart=0))
+    write_lease(tmp_path, lease_of(1, host="node7", launcher="slurm submit=here", allocation="77", requeue=0))
     with pytest.raises(ConfigError, match="in Slurm allocation 77, running since"):
         owner.claim(tmp_path, "slurm submit=here", probe=lambda job: (True, "RUNNING per squeue"))
     with owner.claim(tmp_path, "slurm submit=here", probe=lambda job: (False, "COMPLETED per squeue")):
         pass
-    write_lease(tmp_path, lease_of(1, host="node7", launcher="slurm submit=here", allocation="77", restart=0))
+    write_lease(tmp_path, lease_of(1, host="node7", launcher="slurm submit=here", allocation="77", requeue=0))
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     with owner.claim(tmp_path, "slurm submit=here", probe=lambda job: (True, "RUNNING per squeue")):
@@ -296,14 +296,17 @@ def test_a_lease_an_older_launcher_wrote_reads_and_writes_back_the_same(tmp_path
         4321,
         1767225600.0,
     )
-    assert record.to_json() == json.loads(text)
-    assert owner._encode(record) == text.encode()
+    written = json.loads(text)
+    if "restart" in written:  # Slurm's restart count, read as ``requeue`` now (its name in every record)
+        written["requeue"] = written.pop("restart")
+    assert record.to_json() == written
+    assert owner._encode(record) == json.dumps(written, indent=1, sort_keys=True).encode()
 
 
 def test_an_older_lease_is_read_into_its_fields() -> None:
     local, here, handed = (owner._decode(param.values[0].encode()) for param in OLD_LEASES)
     assert local is not None and local.watcher == LeaseWatcher(pid=4400, pid_start=None) and local.extra == {}
-    assert here is not None and (here.allocation, here.restart, here.pid_start, here.extra) == (
+    assert here is not None and (here.allocation, here.requeue, here.pid_start, here.extra) == (
         "77",
         0,
         None,
@@ -316,9 +319,10 @@ def test_an_older_lease_is_read_into_its_fields() -> None:
 def test_the_lease_holds_the_keys_and_value_types_older_launchers_read(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    """What a launcher writes is read by older ones: the same keys, with values of the same types; a fact the
-    record does not name is kept through every rewrite."""
-    facts = {"allocation": "77", "restart": 0, "queue": "gpu", "partition": None}
+    """What a launcher writes is read by older ones: the same keys, with values of the same types, but for Slurm's
+    restart count, now ``requeue`` as in every record (an older launcher that finds no ``restart`` asks Slurm
+    whether the allocation still runs); a fact the record does not name is kept through every rewrite."""
+    facts = {"allocation": "77", "requeue": 0, "queue": "gpu", "partition": None}
     lease = owner.claim(tmp_path, "slurm submit=here", heartbeat=False, facts=facts)
     first = json.loads((tmp_path / owner.LEASE_FILE).read_text())
     assert {key: type(value) for key, value in first.items()} == {
@@ -333,7 +337,7 @@ def test_the_lease_holds_the_keys_and_value_types_older_launchers_read(
         "since": float,
         "heartbeat": float,
         "allocation": str,
-        "restart": int,
+        "requeue": int,
         "queue": str,
     }
     assert (first["kind"], first["launcher"], first["run_dir"]) == ("process", "slurm submit=here", str(tmp_path))

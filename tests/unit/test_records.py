@@ -76,7 +76,7 @@ RUNNING_ATTEMPT = {
 GAVE_UP = FAILED_ATTEMPT | {"outcome": "gave_up", "message": "not restarted: 3 failures in this job"}
 ABANDONED = RUNNING_ATTEMPT | {"end": 1700000060.0, "outcome": "lost", "progress": {}, "message": "its batch step"}
 ALLOCATION = {"job_id": "1208_3", "requeue": 1, "nodes": ["node1", "node2", "node3"], "start": 5.0, "end": None}
-REQUEUE = {"restart": 2, "resumed_step": None, "stopped_step": None, "signal": 12, "time": 1700000000.0}
+REQUEUE = {"attempt": 2, "resumed_step": None, "stopped_step": None, "signal": 12, "time": 1700000000.0}
 BAD_NODE = {"host": "node2", "why": "killed (retryable): rank 2 on node2", "attempt": 0}
 STATUS = {
     "rank": 1,
@@ -87,7 +87,6 @@ STATUS = {
     "time": 1700000050.0,
     "run": "/runs/a",
     "attempt": 3,
-    "restart": 3,
     "step": 40,
     "signal": 12,
     "requeued": "1208",
@@ -113,6 +112,29 @@ def test_what_the_run_dirs_hold_reads_back_to_the_same_json(kind: Any, record: d
     typed = kind.from_json(json.loads(json.dumps(record)))
     assert typed.to_json() == record
     assert json.dumps(typed.to_json(), sort_keys=True) == json.dumps(record, sort_keys=True)  # the same bytes
+
+
+@pytest.mark.parametrize(
+    ("kind", "old", "now"),
+    [
+        # Before one name: a supervised rank wrote its attempt twice, a local rank only as "restart".
+        (RankStatus, STATUS | {"restart": 3}, STATUS),
+        (RankStatus, {**{k: v for k, v in STATUS.items() if k != "attempt"}, "restart": 3}, STATUS),
+        (RequeueEntry, {**{k: v for k, v in REQUEUE.items() if k != "attempt"}, "restart": 2}, REQUEUE),
+        (
+            records.LeaseRecord,
+            {"token": "t", "allocation": "77", "restart": 1},
+            {"token": "t", "pid_start": None, "allocation": "77", "requeue": 1},
+        ),
+    ],
+)
+def test_records_written_before_the_attempt_had_one_name_read_by_todays_names(
+    kind: Any, old: dict[str, Any], now: dict[str, Any]
+) -> None:
+    """``attempt`` is hpc_train's attempt number in every record, ``requeue`` Slurm's restart count."""
+    typed = kind.from_json(old)
+    assert typed.to_json() == now
+    assert kind.from_json(now) == typed
 
 
 def test_fields_are_typed_and_outcomes_are_todays_strings() -> None:
@@ -219,13 +241,13 @@ def test_run_dir_writes_and_reads_them(tmp_path: Path) -> None:
     assert rd.progress_record(0).step == 3 and rd.progress_record(1) == Progress()
     with pytest.raises(RecordError, match="step='3' is not a step number"):
         rd.write_progress(0, {"step": "3"})
-    rd.write_status(0, "running", step=5, restart=0, cuda_max_mem_mb=1.5)
+    rd.write_status(0, "running", step=5, attempt=0, cuda_max_mem_mb=1.5)
     raw = rd.read_statuses()[0]
-    assert {k: raw[k] for k in ("rank", "state", "step", "restart", "cuda_max_mem_mb")} == {
+    assert {k: raw[k] for k in ("rank", "state", "step", "attempt", "cuda_max_mem_mb")} == {
         "rank": 0,
         "state": "running",
         "step": 5,
-        "restart": 0,
+        "attempt": 0,
         "cuda_max_mem_mb": 1.5,
     }
     assert rd.rank_statuses()[0] == RankStatus.from_json(raw)

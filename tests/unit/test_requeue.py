@@ -24,7 +24,7 @@ from hpc_train.train.stopping import StopSignals, signal_number
 
 
 def attempt(resumed: int, stopped: int) -> RequeueEntry:
-    return RequeueEntry(restart=0, resumed_step=resumed, stopped_step=stopped, signal=12)
+    return RequeueEntry(attempt=0, resumed_step=resumed, stopped_step=stopped, signal=12)
 
 
 def test_requeue_target_is_array_aware() -> None:
@@ -102,7 +102,7 @@ def test_preflight_names_the_missing_ranks() -> None:
 def test_unknown_progress_is_not_a_stall() -> None:
     """A user's script that does not report its steps: only cluster.max_restarts limits its requeues."""
     cluster = ClusterConfig(launcher="slurm", max_restarts=5, max_stalled_restarts=0)
-    unknown = RequeueEntry(restart=0, resumed_step=None, stopped_step=None, signal=12)
+    unknown = RequeueEntry(attempt=0, resumed_step=None, stopped_step=None, signal=12)
     assert refusal([unknown, unknown, unknown], 3, cluster) is None
     assert "max_restarts=5" in str(refusal([unknown], 5, cluster))
 

@@ -18,12 +18,12 @@ def test_job_identity_reads_slurm_and_the_supervisor_once() -> None:
     array = {"SLURM_JOB_ID": "108", "SLURM_ARRAY_JOB_ID": "107", "SLURM_ARRAY_TASK_ID": "1", "SLURM_RESTART_COUNT": "2"}
     job = JobIdentity.from_environ(array, launched=5)
     assert job.slurm_job == "107_1" and job.job_id == "108" and job.allocation == ("107_1", 2)
-    assert job.attempt == 2 and job.stamp is None  # Slurm's restart count beats the launcher's number
+    assert job.attempt == 2 and not job.supervised  # Slurm's restart count beats the launcher's number
     step = job.for_attempt(4)  # what the supervisor hands its training step
     again = JobIdentity.from_environ({**array, **step.environ()})
-    assert again.attempt == 4 and again.supervised and again.stamp == 4 and again.requeues == 2
+    assert again.attempt == 4 and again.supervised and again.requeues == 2
     local = JobIdentity.from_environ({}, launched=3)
-    assert (local.slurm_job, local.requeues, local.attempt, local.stamp) == (None, 0, 3, None)
+    assert (local.slurm_job, local.requeues, local.attempt, local.supervised) == (None, 0, 3, False)
     assert JobIdentity.from_environ({ATTEMPT_VARIABLE: "", "SLURM_RESTART_COUNT": "x"}, launched=1).attempt == 1
 
 
@@ -42,19 +42,19 @@ def test_run_dir_does_not_read_the_environment(tmp_path: Path, monkeypatch: pyte
 
 def test_progress_means_the_same_for_a_stop_and_a_failure() -> None:
     """Resumed from 30, kept 40: progress whether the attempt stopped (and saved 40) or failed after saving 40."""
-    stopped = RequeueEntry(restart=0, resumed_step=30, stopped_step=40, signal=12)
+    stopped = RequeueEntry(attempt=0, resumed_step=30, stopped_step=40, signal=12)
     failed = AttemptRecord.from_json(
         {"attempt": 0, "outcome": "failed", "progress": {"first_step": 31, "step": 45, "checkpoint_step": 40}}
     )
     assert requeue_progressed(stopped) is attempt_progressed(failed) is True
-    stalled = RequeueEntry(restart=0, resumed_step=30, stopped_step=30, signal=12)
+    stalled = RequeueEntry(attempt=0, resumed_step=30, stopped_step=30, signal=12)
     lost = AttemptRecord.from_json(
         {"attempt": 0, "outcome": "failed", "progress": {"first_step": 31, "step": 35, "checkpoint_step": 30}}
     )
     assert requeue_progressed(stalled) is attempt_progressed(lost) is False
     # Not known: a user's script that reports no steps, stopped or failed alike.
     unknown = AttemptRecord.from_json({"attempt": 0, "outcome": "failed", "script": True})
-    assert progressed(None, None) is requeue_progressed(RequeueEntry(restart=0, signal=12)) is None
+    assert progressed(None, None) is requeue_progressed(RequeueEntry(attempt=0, signal=12)) is None
     assert attempt_progressed(unknown) is None
     # The built-in trainer records its first step when it makes it: none recorded, none made.
     assert attempt_progressed(AttemptRecord.from_json({"attempt": 0, "outcome": "failed"})) is False

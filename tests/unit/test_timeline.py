@@ -41,7 +41,7 @@ def run(tmp_path: Path) -> RunDir:
                       progress=progress(41, 145, 60, 185, 60, 185)),
     ])  # fmt: skip
     rd.append_restart(
-        RequeueEntry(restart=0, resumed_step=0, stopped_step=20, signal=12, time=T + 58, stop_saved_s=0.5)
+        RequeueEntry(attempt=0, resumed_step=0, stopped_step=20, signal=12, time=T + 58, stop_saved_s=0.5)
     )
     return rd
 

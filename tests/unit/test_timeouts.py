@@ -99,8 +99,8 @@ def test_the_run_dir_measures_steps_checkpoints_and_stops(tmp_path: Path) -> Non
         ),
     ]
     rd.write_attempts(attempts)
-    rd.append_restart(RequeueEntry(restart=0, signal=12, stop_saved_s=9.0))
-    rd.append_restart(RequeueEntry(restart=1, signal=12, stop_saved_s=None))
+    rd.append_restart(RequeueEntry(attempt=0, signal=12, stop_saved_s=9.0))
+    rd.append_restart(RequeueEntry(attempt=1, signal=12, stop_saved_s=None))
     found = measured(rd)
     assert found == Measured(step_s=1.0, checkpoint_s=7.5, stop_s=9.0)  # the latest step, the slowest saves
     assert found.stop_need_s == 9.0
@@ -110,7 +110,7 @@ def test_the_run_dir_measures_steps_checkpoints_and_stops(tmp_path: Path) -> Non
 def test_inverted_pairs_are_warned_about_with_their_numbers(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "run")
     rd.status_dir.mkdir(parents=True)
-    rd.append_restart(RequeueEntry(restart=0, signal=12, stop_saved_s=75.0))
+    rd.append_restart(RequeueEntry(attempt=0, signal=12, stop_saved_s=75.0))
     rd.write_progress(0, Progress(first_step=1, first_time=1.0, step=11, time=11.0, checkpoint_s=70.0))
     cfg = compose_config(*SLURM, "trainer.watchdog_s=100", "trainer.dist_timeout_s=120")
     warnings = "\n".join(timeouts(cfg, measured(rd), kill_wait=30).warnings())

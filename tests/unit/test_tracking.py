@@ -107,7 +107,7 @@ def test_an_attempt_says_where_it_starts_and_after_what(tmp_path: Path) -> None:
     assert attempt_note(rd, 0, 0) == "attempt 0: from step 0"
     assert attempt_note(rd, 1, 15) == "attempt 1: resumed from step 15 after a relaunch of the run dir"
     rd.status_dir.mkdir()
-    rd.append_restart(RequeueEntry(restart=1, resumed_step=15, stopped_step=22, signal=12))
+    rd.append_restart(RequeueEntry(attempt=1, resumed_step=15, stopped_step=22, signal=12))
     assert attempt_note(rd, 2, 22) == "attempt 2: resumed from step 22 after a stop on signal 12 at step 22"
     rd.write_attempts([AttemptRecord(attempt=2, outcome=AttemptOutcome.FAILED)])
     assert attempt_note(rd, 3, 22) == "attempt 3: resumed from step 22 after attempt 2 failed"
