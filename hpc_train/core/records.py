@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hpc_train.core.textutil import asked_for, first_few
@@ -63,6 +63,8 @@ __all__ = [
     "RecordError",
     "RequeueEntry",
     "Reshape",
+    "ScalingPoint",
+    "ScalingStudy",
     "SlowRank",
     "StartupProfile",
     "StragglerReport",
@@ -1131,6 +1133,61 @@ class RankTableEntry(_Record):
         "cuda_visible_devices": _Key("is not a string", _string),
         "attempt": _Key("is not an attempt number", _integer),
         "asked": _Key("is not a string", _string),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingPoint(_Record):
+    """One run of a scaling study (``python -m hpc_train.scaling``), with its throughput and how it compares with
+    the smallest world size of its mode and data size. Read back by ``cluster.slurm.scaling``, which needs only
+    the mode, the world size and the throughput."""
+
+    mode: str = "strong"
+    """``strong`` (the global batch fixed) or ``weak`` (the batch per rank fixed)."""
+    world_size: int
+    samples_per_s: float
+    """The median of the run's logged samples/s after its first row."""
+    nodes: int | None = None
+    tasks_per_node: int | None = None
+    batch_size: int | None = None
+    """trainer.batch_size of the run (per rank)."""
+    data_size: int | None = None
+    """data.num_samples of the run (None: the config's)."""
+    speedup: float | None = None
+    efficiency: float | None = None
+    """The speed-up over the world size's multiple of the smallest one."""
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "mode": _Key("is not a mode (strong, weak)", lambda v: v in ("strong", "weak")),
+        "world_size": _Key("is not a number of ranks", lambda v: _integer(v) and v > 0, required=True),
+        "nodes": _Key("is not a number of nodes", _integer),
+        "tasks_per_node": _Key("is not a number of tasks", _integer),
+        "batch_size": _Key("is not a batch size", _integer),
+        "data_size": _Key("is not a number of samples", _or_none(_integer)),
+        "samples_per_s": _Key("is not a number of samples per second", _number, float, required=True),
+        "speedup": _Key("is not a number", _number),
+        "efficiency": _Key("is not a number", _number),
+    }
+    NULLS = frozenset({"data_size"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingStudy(_Record):
+    """A scaling study's table (``scaling.json``): its points, the efficiency threshold and the world size it
+    recommends for each mode."""
+
+    points: tuple[ScalingPoint, ...]
+    threshold: float | None = None
+    recommended: Mapping[str, int] | None = None
+
+    KEYS: ClassVar[Mapping[str, _Key]] = {
+        "points": replace(_records(ScalingPoint), required=True),
+        "threshold": _Key("is not a number", _number),
+        "recommended": _Key(
+            "is not a mode -> ranks mapping",
+            lambda v: isinstance(v, dict) and all(isinstance(k, str) and _integer(n) for k, n in v.items()),
+            dict,
+        ),
     }
 
 

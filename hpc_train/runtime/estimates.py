@@ -23,7 +23,7 @@ from hpc_train.config import Config
 from hpc_train.config.shape import Shape, fits_on
 from hpc_train.core.errors import ConfigError
 from hpc_train.core.goodput import step_seconds
-from hpc_train.core.records import AttemptRecord
+from hpc_train.core.records import AttemptRecord, ScalingStudy
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -112,17 +112,13 @@ def study_step_seconds(cfg: Config) -> dict[int, float]:
     if not path:
         return {}
     try:
-        points = json.loads(Path(path).expanduser().read_text())["points"]
-        rates = {
-            int(p["world_size"]): float(p["samples_per_s"])
-            for p in points
-            if p.get("mode", "strong") == "strong" and float(p["samples_per_s"]) > 0
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        study = ScalingStudy.from_json(json.loads(Path(path).expanduser().read_text()))
+    except (OSError, ValueError) as exc:  # (RecordError is a ValueError: it names the key and the value)
         raise ConfigError(
             f"cluster.slurm.scaling={path!r}: not a scaling study's table ({exc}). HINT: give the scaling.json that "
             "`python -m hpc_train.scaling --out DIR` wrote, or drop cluster.slurm.scaling"
         ) from None
+    rates = {p.world_size: p.samples_per_s for p in study.points if p.mode == "strong" and p.samples_per_s > 0}
     per_node, batch = cfg.cluster.ranks_per_node, Shape.of(cfg).global_batch
     return {world // per_node: batch / rate for world, rate in rates.items() if world % per_node == 0}
 

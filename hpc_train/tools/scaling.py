@@ -18,11 +18,13 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpc_train.core.errors import ConfigError, ExitCode, LaunchError
+from hpc_train.core.records import ScalingPoint, ScalingStudy
 from hpc_train.core.textutil import format_table
 from hpc_train.tools.api import Run, compose_config, submit
 from hpc_train.train.plots import pyplot, save
@@ -89,7 +91,7 @@ def throughput(rows: list[dict[str, Any]]) -> float:
     return float(statistics.median(values[1:] if len(values) > 1 else values))
 
 
-def summarize(points: list[Point], throughputs: list[float]) -> list[dict[str, Any]]:
+def summarize(points: list[Point], throughputs: list[float]) -> list[ScalingPoint]:
     """Speed-up and efficiency of each point against the smallest world size of its mode and data size."""
     table = []
     for point, value in zip(points, throughputs, strict=True):
@@ -103,32 +105,44 @@ def summarize(points: list[Point], throughputs: list[float]) -> list[dict[str, A
         )
         speedup = value / base_value
         efficiency = speedup / (point.world_size / base_point.world_size)
-        table.append({**asdict(point), "samples_per_s": value, "speedup": speedup, "efficiency": efficiency})
+        table.append(
+            ScalingPoint(
+                mode=point.mode,
+                world_size=point.world_size,
+                nodes=point.nodes,
+                tasks_per_node=point.tasks_per_node,
+                batch_size=point.batch_size,
+                data_size=point.data_size,
+                samples_per_s=value,
+                speedup=speedup,
+                efficiency=efficiency,
+            )
+        )
     return table
 
 
-def recommend(table: list[dict[str, Any]], threshold: float) -> dict[str, int]:
+def recommend(table: Sequence[ScalingPoint], threshold: float) -> dict[str, int]:
     """Per mode: the largest world size whose efficiency is at least ``threshold`` (every data size agreeing)."""
     best: dict[str, int] = {}
-    for mode in sorted({row["mode"] for row in table}):
-        rows = [r for r in table if r["mode"] == mode]
-        worlds = sorted({r["world_size"] for r in rows})
-        ok = [w for w in worlds if all(r["efficiency"] >= threshold for r in rows if r["world_size"] == w)]
+    for mode in sorted({row.mode for row in table}):
+        rows = [r for r in table if r.mode == mode]
+        worlds = sorted({r.world_size for r in rows})
+        ok = [w for w in worlds if all((r.efficiency or 0.0) >= threshold for r in rows if r.world_size == w)]
         best[mode] = max(ok) if ok else min(worlds)
     return best
 
 
-def _plot(table: list[dict[str, Any]], path: Path, threshold: float) -> None:
+def _plot(table: Sequence[ScalingPoint], path: Path, threshold: float) -> None:
 
     fig, (ax_t, ax_e) = pyplot().subplots(1, 2, figsize=(10, 4))
-    for key in sorted({(r["mode"], r["data_size"]) for r in table}, key=str):
-        rows = sorted((r for r in table if (r["mode"], r["data_size"]) == key), key=lambda r: r["world_size"])
+    for key in sorted({(r.mode, r.data_size) for r in table}, key=str):
+        rows = sorted((r for r in table if (r.mode, r.data_size) == key), key=lambda r: r.world_size)
         label = key[0] + (f", n={key[1]}" if key[1] else "")
-        worlds = [r["world_size"] for r in rows]
-        ax_t.plot(worlds, [r["samples_per_s"] for r in rows], "o-", label=label)
-        ax_e.plot(worlds, [r["efficiency"] for r in rows], "o-", label=label)
+        worlds = [r.world_size for r in rows]
+        ax_t.plot(worlds, [r.samples_per_s for r in rows], "o-", label=label)
+        ax_e.plot(worlds, [r.efficiency for r in rows], "o-", label=label)
     ax_e.axhline(threshold, color="tab:red", linestyle="--", label=f"threshold {threshold:g}")
-    worlds = sorted({r["world_size"] for r in table})
+    worlds = sorted({r.world_size for r in table})
     for ax, title in ((ax_t, "throughput (samples/s)"), (ax_e, "efficiency")):
         ax.set_xticks(worlds)  # ranks are whole numbers
         ax.set_xlabel("world size (ranks)")
@@ -208,21 +222,20 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.FAILED
     table = summarize(points, values)
     best = recommend(table, args.threshold)
-    (args.out / "scaling.json").write_text(
-        json.dumps({"points": table, "threshold": args.threshold, "recommended": best}, indent=1)
-    )
+    study = ScalingStudy(points=tuple(table), threshold=args.threshold, recommended=best)
+    (args.out / "scaling.json").write_text(json.dumps(study.to_json(), indent=1))
     _plot(table, args.out / "scaling.png", args.threshold)
     header = ["mode", "data", "ranks", "nodes x tasks", "batch/rank", "samples/s", "speed-up", "efficiency"]
     rows = [
         [
-            r["mode"],
-            r["data_size"] or "-",
-            r["world_size"],
-            f"{r['nodes']}x{r['tasks_per_node']}",
-            r["batch_size"],
-            f"{r['samples_per_s']:.0f}",
-            f"{r['speedup']:.2f}",
-            f"{r['efficiency']:.2f}",
+            r.mode,
+            r.data_size or "-",
+            r.world_size,
+            f"{r.nodes}x{r.tasks_per_node}",
+            r.batch_size,
+            f"{r.samples_per_s:.0f}",
+            f"{r.speedup or 0.0:.2f}",
+            f"{r.efficiency or 0.0:.2f}",
         ]
         for r in table
     ]

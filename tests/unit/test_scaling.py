@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from hpc_train.core.errors import ConfigError
+from hpc_train.core.records import RecordError, ScalingStudy
 from hpc_train.tools import scaling
 from hpc_train.tools.scaling import Point, plan, recommend, summarize, throughput
 
@@ -45,10 +47,37 @@ def test_plan_refuses_uneven_splits(worlds: list[int], per_node: int, message: s
 def test_summary_and_recommendation() -> None:
     points = [Point("strong", w, 1, w, 64 // w) for w in (1, 2, 4)] + [Point("weak", w, 1, w, 64) for w in (1, 2, 4)]
     table = summarize(points, [100.0, 180.0, 200.0, 100.0, 190.0, 360.0])
-    assert [round(r["speedup"], 2) for r in table] == [1.0, 1.8, 2.0, 1.0, 1.9, 3.6]
-    assert [round(r["efficiency"], 2) for r in table] == [1.0, 0.9, 0.5, 1.0, 0.95, 0.9]
+    assert [round(r.speedup or 0, 2) for r in table] == [1.0, 1.8, 2.0, 1.0, 1.9, 3.6]
+    assert [round(r.efficiency or 0, 2) for r in table] == [1.0, 0.9, 0.5, 1.0, 0.95, 0.9]
     assert recommend(table, 0.7) == {"strong": 2, "weak": 4}
     assert recommend(table, 0.99) == {"strong": 1, "weak": 1}
+
+
+def test_the_study_s_table_is_the_json_it_was() -> None:
+    """scaling.json as the study wrote it before its rows were typed reads back to the same JSON, key for key;
+    cluster.slurm.scaling reads it through the same record."""
+    written = {
+        "points": [
+            {
+                "mode": "strong",
+                "world_size": 2,
+                "nodes": 1,
+                "tasks_per_node": 2,
+                "batch_size": 32,
+                "data_size": None,
+                "samples_per_s": 1800.0,
+                "speedup": 1.8,
+                "efficiency": 0.9,
+            }
+        ],
+        "threshold": 0.7,
+        "recommended": {"strong": 2},
+    }
+    study = ScalingStudy.from_json(written)
+    assert study.points[0].efficiency == 0.9 and study.recommended == {"strong": 2}
+    assert json.dumps(study.to_json()) == json.dumps(written)  # the same keys in the same order
+    with pytest.raises(RecordError, match=r"points=.* is not a list of ScalingPoint records"):
+        ScalingStudy.from_json({"points": [{**written["points"][0], "world_size": "2"}]})
 
 
 def test_throughput_skips_the_first_row() -> None:
