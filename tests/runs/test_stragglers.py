@@ -176,7 +176,9 @@ def test_a_rank_under_a_cpu_quota_is_named_and_a_run_without_one_names_none(tmp_
         found = None
         while found is None and time.monotonic() - throttled_at < 90:
             time.sleep(1)
-            named = [e for e in RunDir(tmp_path / "slowed").straggler_reports() if e.ranks]
+            # The verdict that names rank 1. On a loaded machine (the rest of the suite beside it) rank 0 may be
+            # named first, rightly: it was slower than the median for 3 windows (seen once, 1.36x).
+            named = [e for e in RunDir(tmp_path / "slowed").straggler_reports() if any(r.rank == 1 for r in e.ranks)]
             found = named[-1] if named else None
         named_after = time.monotonic() - throttled_at
     finally:
@@ -184,7 +186,8 @@ def test_a_rank_under_a_cpu_quota_is_named_and_a_run_without_one_names_none(tmp_
             _release(group)
         _stop(slowed)
     assert found is not None, f"rank 1, under {QUOTA:.0%} of a core, was never named"
-    (slow,) = found.ranks
+    slow = next(r for r in found.ranks if r.rank == 1)
+    assert len(found.ranks) == 1 or os.getloadavg()[0] > len(os.sched_getaffinity(0)) + 1, found  # idle: it alone
     assert slow.rank == 1 and slow.host and slow.device == "cpu" and slow.slowdown >= 1.25, found
     assert (slow.since_step is None) == (what == "script")  # a script's windows have no step number
     log = (tmp_path / "slowed" / "logs" / "rank_0.log").read_text()
