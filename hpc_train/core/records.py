@@ -1060,10 +1060,7 @@ def _entries(record: type[_Record]) -> _Key:
     """A list of records where each damaged entry is dropped on its own (a ledger keeps what is whole), unlike
     ``_records``, where one entry that is no record makes the whole list wrong."""
 
-    def read(entries: list[Any]) -> tuple[_Record, ...]:
-        return tuple(r for r in (record.salvage(e)[0] for e in entries) if r is not None)
-
-    return _Key("is not a list", lambda v: isinstance(v, list), read)
+    return replace(_records(record), says="is not a list", valid=lambda v: isinstance(v, list))
 
 
 @dataclass(frozen=True, kw_only=True)

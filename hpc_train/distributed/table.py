@@ -41,20 +41,7 @@ class RankRow:
 
     def entry(self, attempt: int, asked: str | None = None) -> RankTableEntry:
         """Its row of ``rank_table.json``, with the attempt that gathered it."""
-        return RankTableEntry(
-            host=self.host,
-            rank=self.rank,
-            local_rank=self.local_rank,
-            node=self.node,
-            device=self.device,
-            backend=self.backend,
-            master=self.master,
-            source=self.source,
-            pid=self.pid,
-            cuda_visible_devices=self.cuda_visible_devices,
-            attempt=attempt,
-            asked=asked,
-        )
+        return RankTableEntry.from_json({**self.as_dict(), "attempt": attempt, **({"asked": asked} if asked else {})})
 
 
 def _own_row(env: DistEnv, device: torch.device) -> RankRow:
