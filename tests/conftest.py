@@ -11,9 +11,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from hpc_train.core.records import StragglerReport
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -127,6 +131,22 @@ def wait_for_step(
         assert alive(), f"the run ended before attempt {attempt} reached step {step}: {starts}, {reached}"
         assert time.monotonic() < deadline, f"attempt {attempt} never reached step {step}: {starts}, {reached}"
         time.sleep(0.05)
+
+
+def wait_for_verdict(
+    run_dir: Path, names: Callable[[set[int]], bool], timeout: float
+) -> tuple[StragglerReport | None, float]:
+    """Rank 0's newest straggler verdict whose named ranks ``names`` accepts, once there is one, and the seconds
+    waited for it (None: none within ``timeout``)."""
+    from hpc_train.core.rundir import RunDir
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(1)
+        named = [e for e in RunDir(run_dir).straggler_reports() if names({r.rank for r in e.ranks})]
+        if named:
+            return named[-1], time.monotonic() - started
+    return None, time.monotonic() - started
 
 
 def wait_for_ranks(

@@ -298,7 +298,8 @@ aliases, folded into ``cluster.slurm`` by ``fold_slurm_aliases``."""
 class StragglerConfig(Checked):
     """``cluster.stragglers``: finding the rank that slows every other (``hpc_train.distributed.stragglers``).
     Each rank times its own forward and backward per step; every ``window_s`` the ranks send rank 0 their
-    figure, and a rank at least ``margin`` times the median for ``windows`` windows in a row is named."""
+    figure, and a rank at least ``margin`` times the median of the other ranks' for ``windows`` windows in a row is
+    named."""
 
     _group: ClassVar[str] = "cluster.stragglers"
 
@@ -308,7 +309,8 @@ class StragglerConfig(Checked):
     window_s: float = 60.0
     """How often the ranks share their figures (one small gather to rank 0 per window)."""
     margin: float = 1.25
-    """How many times the median rank's own time per step a rank must take to count as slow in a window."""
+    """How many times the median of the other ranks' own time per step a rank must take to count as slow in a
+    window."""
     windows: int = 3
     """For how many windows in a row a rank must be slow before it is named (and named again, while it stays
     slow, at every window)."""

@@ -561,7 +561,7 @@ class Growth(_Record):
     job_id: str = ""
     attempt: int | None = None
     step: int | None = None
-    """Rank 0's step at the decision."""
+    """Rank 0's step at the decision (its progress record carried forward to then: ``runtime.grow.step_now``)."""
     nodes_before: int
     nodes_expected: int
     """The count that would have started at once (the requeued job asks for the range again)."""
@@ -825,14 +825,14 @@ class NodeSummary(_Record):
 @dataclass(frozen=True, kw_only=True)
 class SlowRank(_Record):
     """A straggler (``hpc_train.distributed.stragglers``): a rank whose own compute time per step has stayed
-    above the median of all ranks' for ``windows`` windows in a row."""
+    ``margin`` times above the median of the other ranks' for ``windows`` windows in a row."""
 
     rank: int
     host: str = ""
     device: str = ""
     """Its device as the rank table has it (``cuda:1``, ``cpu``)."""
     slowdown: float
-    """Its own time per step over the median rank's, in the latest window."""
+    """Its own time per step over the median of the other ranks', in the latest window."""
     per_step_s: float | None = None
     """Its own time per step in the latest window, seconds."""
     since_step: int | None = None
@@ -853,21 +853,26 @@ class SlowRank(_Record):
     }
 
     def describe(self) -> str:
-        """``rank 5 (node3, cuda:1) 1.62x the median for 3 windows, since step 400``."""
+        """``rank 5 (node3, cuda:1) 1.62x the others' median for 3 windows, since step 400``."""
         where = ", ".join(w for w in (self.host, self.device) if w)
         since = f", since step {self.since_step}" if self.since_step is not None else ""
         windows = f" for {self.windows} windows" if self.windows else ""
-        return f"rank {self.rank}{f' ({where})' if where else ''} {self.slowdown:.2f}x the median{windows}{since}"
+        return (
+            f"rank {self.rank}{f' ({where})' if where else ''} {self.slowdown:.2f}x the others' median{windows}{since}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerReport(_Record):
-    """Rank 0's verdict on the latest window (``status/stragglers.json``): the median rank's own compute time per
-    step, the slowest rank's, and the stragglers, slowest first."""
+    """Rank 0's verdict on the latest window (``status/stragglers.json``): the slowest rank's own compute time per
+    step, the median of the other ranks' (what a step would take without the slowest), and the stragglers,
+    slowest first. (Verdicts written before hpc_train judged each rank against the others' median have the median
+    of every rank's in ``median_s``.)"""
 
     time: float
     step: int | None = None
     median_s: float = 0.0
+    """The median of every rank's own time per step but the slowest's (one rank: its own)."""
     slowest_s: float | None = None
     ranks: tuple[SlowRank, ...] = ()
     ranks_measured: int | None = None
@@ -910,7 +915,10 @@ class StragglerReport(_Record):
             return ""
         lost = f"; the job loses {100 * self.lost_fraction:.0f}% of its samples/s to the slowest"
         named = first_few([r.describe() for r in self.ranks], sep="; ")  # a slow rack: the first five, counted
-        return f"straggler{'s' if len(self.ranks) > 1 else ''}: {named} (median {self.median_s:.4f} s/step){lost}"
+        return (
+            f"straggler{'s' if len(self.ranks) > 1 else ''}: {named} (the others' median {self.median_s:.4f} s/step)"
+            f"{lost}"
+        )
 
 
 _SHA256 = _Key("is not a SHA-256 in hex", lambda v: isinstance(v, str) and len(v) == 64, required=True)

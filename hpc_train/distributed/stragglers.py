@@ -18,14 +18,14 @@ What it does not see: data loading and the optimizer step (outside the interval)
 itself is the same wait on every rank, so a link that slows it slows every rank alike and names nobody.
 
 **What is judged** (``StragglerJudge``, on rank 0, over what every rank measured in a window): a rank whose own
-time per step stays at least ``margin`` times the median of all ranks' for ``windows`` windows in a row is a
-straggler. The job's step lasts as long as its slowest rank's, so it loses ``1 - median / slowest`` of its
+time per step stays at least ``margin`` times the median of the *other* ranks' for ``windows`` windows in a row
+is a straggler (``others_median``: a slow rank's own figure, or a slow half of the ranks, cannot move its
+reference). The job's step lasts as long as its slowest rank's, so it loses ``1 - others / slowest`` of its
 samples per second to the straggler.
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +36,15 @@ import torch
 
 from hpc_train.core.records import RankTableEntry, SlowRank, StragglerReport
 
-__all__ = ["ComputeClock", "RankWindow", "StragglerJudge", "StragglerWatch", "device_name", "rank_places"]
+__all__ = [
+    "ComputeClock",
+    "RankWindow",
+    "StragglerJudge",
+    "StragglerWatch",
+    "device_name",
+    "others_median",
+    "rank_places",
+]
 
 
 class ComputeClock:
@@ -136,8 +144,8 @@ class RankWindow:
 
 @dataclass
 class StragglerJudge:
-    """Rank 0's verdicts, window after window (module docstring). ``margin``: how many times the median a rank's
-    own time must be to count as slow; ``windows``: for how many windows in a row before it is named."""
+    """Rank 0's verdicts, window after window (module docstring). ``margin``: how many times the other ranks'
+    median a rank's own time must be to count as slow; ``windows``: for how many windows in a row before it is named."""
 
     margin: float = 1.25
     windows: int = 3
@@ -156,8 +164,8 @@ class StragglerJudge:
             return StragglerReport(
                 time=now, step=step, median_s=timed[0].per_step_s if timed else 0.0, ranks_measured=len(timed)
             )
-        median = statistics.median(f.per_step_s for f in timed)
-        slow = {f.rank: f for f in timed if f.per_step_s >= self.margin * median}
+        others = others_median(timed)
+        slow = {f.rank: f for f in timed if f.per_step_s >= self.margin * others[f.rank]}
         self.slow_since = {
             rank: (
                 (self.slow_since[rank][0], self.slow_since[rank][1], self.slow_since[rank][2] + 1)
@@ -171,7 +179,7 @@ class StragglerJudge:
                 rank=f.rank,
                 host=f.host,
                 device=f.device,
-                slowdown=round(f.per_step_s / median, 3),
+                slowdown=round(f.per_step_s / others[f.rank], 3),
                 per_step_s=round(f.per_step_s, 6),
                 since_step=self.slow_since[f.rank][0],
                 since_time=self.slow_since[f.rank][1],
@@ -180,14 +188,36 @@ class StragglerJudge:
             for f in sorted(slow.values(), key=lambda f: -f.per_step_s)
             if self.slow_since[f.rank][2] >= self.windows
         ]
+        slowest = max(timed, key=lambda f: f.per_step_s)
         return StragglerReport(
             time=now,
             step=step,
-            median_s=round(median, 6),
-            slowest_s=round(max(f.per_step_s for f in timed), 6),
+            median_s=round(others[slowest.rank], 6),
+            slowest_s=round(slowest.per_step_s, 6),
             ranks=tuple(named),
             ranks_measured=len(timed),
         )
+
+
+def others_median(figures: Sequence[RankWindow]) -> dict[int, float]:
+    """Each rank's reference: the median of every other rank's own time per step (at least two ranks).
+
+    Not the median of all: a rank's own figure would move its reference, and where the slow ranks are half of
+    them (one slow node of two) the median of all sits between slow and fast. Leaving the rank out, a slow rank
+    is compared with the fast ones as long as the slow ones are at most half; a slow majority is the job's pace.
+    One sort, then each rank's median in constant time (rank 0 judges every rank of a 1,000-node job)."""
+    order = sorted(figures, key=lambda f: f.per_step_s)
+    values = [f.per_step_s for f in order]
+    n = len(values)
+
+    def without(i: int, k: int) -> float:  # the k-th smallest once the i-th smallest is left out
+        return values[k] if k < i else values[k + 1]
+
+    middle = (n - 1) // 2  # of the n - 1 left: the upper middle one, and the lower one too when n - 1 is even
+    return {
+        f.rank: (without(i, middle) if (n - 1) % 2 else (without(i, middle - 1) + without(i, middle)) / 2)
+        for i, f in enumerate(order)
+    }
 
 
 class StragglerWatch:

@@ -42,7 +42,7 @@ from hpc_train.runtime.estimates import (
 )
 from hpc_train.runtime.timeouts import slurm_config
 
-__all__ = ["AT_ONCE_S", "Estimate", "checkpoint_cost_s", "estimate", "larger_count", "requeue_gap_s"]
+__all__ = ["AT_ONCE_S", "Estimate", "checkpoint_cost_s", "estimate", "larger_count", "requeue_gap_s", "step_now"]
 
 AT_ONCE_S = 60.0
 """A start Slurm expects within this long counts as at once (its estimate has a resolution of seconds and the
@@ -57,6 +57,9 @@ class Estimate:
 
     nodes_now: int
     nodes_after: int
+    step: int = 0
+    """Rank 0's step now, as far as the supervisor can tell (``step_now``)."""
+    step_source: str = ""
     steps_left: int
     step_s_now: float
     step_s_after: float
@@ -82,9 +85,10 @@ class Estimate:
 
     def describe(self) -> str:
         verdict = "growing" if self.worth else "not worth it; staying"
+        at = f" from step {self.step} ({self.step_source})" if self.step_source else ""
         return (
             f"{plural(self.nodes_after, 'node')} would start at once (on {self.nodes_now} now): {verdict}. Gain "
-            f"{self.gain_s:.0f} s ({plural(self.steps_left, 'step')} left at {self.step_s_now:.3g} s a step now, "
+            f"{self.gain_s:.0f} s ({plural(self.steps_left, 'step')} left{at} at {self.step_s_now:.3g} s a step now, "
             f"{self.step_s_after:.3g} s on {self.nodes_after}: {self.after_source}); cost {self.cost_s:.0f} s "
             f"(checkpoint {self.checkpoint_s:.0f} s: {self.checkpoint_source}; requeue gap {self.gap_s:.0f} s: "
             f"{self.gap_source}; start-up {self.startup_s:.0f} s: {self.startup_source})"
@@ -123,6 +127,22 @@ def larger_count(cfg: Config, script: Path, allocation: list[str], training: int
     return None
 
 
+def step_now(progress: Progress, step_s: float, now: float) -> tuple[int, str]:
+    """Rank 0's step at ``now``, and where the figure comes from: its progress record's step, carried forward at
+    ``step_s`` (the attempt's pace) for the time since the record was written. The record is refreshed with the
+    node summaries (every cluster.status_every_s), and a decision on a step that old counted steps already done
+    as still to gain from (a growth decided 650 steps behind rank 0, at 0.015 s a step, was not worth it)."""
+    recorded = progress.step or 0
+    age = now - progress.time if progress.time else 0.0
+    if age <= 0 or step_s <= 0:
+        return recorded, "rank 0's progress record, written just now"
+    ahead = int(age / step_s)
+    return recorded + ahead, (
+        f"rank 0's progress record: step {recorded}, {age:.1f} s old, carried forward {plural(ahead, 'step')} at "
+        f"{step_s:.3g} s a step"
+    )
+
+
 def estimate(
     cfg: Config,
     attempts: Sequence[AttemptRecord],
@@ -130,15 +150,19 @@ def estimate(
     nodes: tuple[int, int],
     gap: tuple[float, str],
     checkpoint: tuple[float, str],
+    now: float | None = None,
 ) -> Estimate | None:
-    """The cost and gain of growing from ``nodes`` (now, after) now, for the run's ``attempts`` whose latest has
-    made ``progress`` (rank 0's); ``gap`` and ``checkpoint``: the requeue's and the stop's cost, with where they
-    come from (``requeue_gap_s``, ``checkpoint_cost_s``). None when a figure it needs is missing (fewer than two
-    steps yet, the steps left unknown)."""
+    """The cost and gain of growing from ``nodes`` (now, after) at ``now``, for the run's ``attempts`` whose latest
+    has made ``progress`` (rank 0's); ``gap`` and ``checkpoint``: the requeue's and the stop's cost, with where
+    they come from (``requeue_gap_s``, ``checkpoint_cost_s``). None when a figure it needs is missing (fewer than
+    two steps yet, the steps left unknown)."""
     nodes_now, nodes_after = nodes
     now_s = step_seconds(progress)
-    left = steps_left(cfg, progress.step or 0)
-    if now_s is None or left is None:
+    if now_s is None:
+        return None
+    step, step_source = step_now(progress, now_s, time.time() if now is None else now)
+    left = steps_left(cfg, step)
+    if left is None:
         return None
     measured = {**measured_step_seconds(attempts), nodes_now: now_s}  # this attempt's own pace, the freshest figure
     after_s, source = step_time(nodes_after, measured, study_step_seconds(cfg))
@@ -148,6 +172,8 @@ def estimate(
     return Estimate(
         nodes_now=nodes_now,
         nodes_after=nodes_after,
+        step=step,
+        step_source=step_source,
         steps_left=left,
         step_s_now=now_s,
         step_s_after=after_s,

@@ -387,7 +387,7 @@ class Supervisor:
         say(f"growth check: {found.describe()}", sys.stdout)
         if not found.worth:
             return
-        self.ledger.add_growth(found.record(self.job.allocation[0], number, progress.step, time.time()))
+        self.ledger.add_growth(found.record(self.job.allocation[0], number, found.step, time.time()))
         self.grow_check_at = math.inf
         self._tell_to_stop(step)
 

@@ -323,7 +323,7 @@ def cmd_status(runs: list[RunDir], as_json: bool) -> int:
             print("\nnodes whose ranks have not said they ended (each node's summary, status/node_<host>.json):")
             print("\n".join(f"  {line}" for line in heard))
         if slow:
-            print("\nstragglers (own compute time per step against the median rank's, status/stragglers.json):")
+            print("\nstragglers (own compute time per step against the other ranks' median, status/stragglers.json):")
             print("\n".join(f"  {line}" for line in slow))
         if mirrors:
             print("\nmirror (trainer.mirror, status/mirror.json):")

@@ -253,7 +253,7 @@ def plot_timeline(run_dir: str | Path, out: Path | None = None) -> Path:
     names = [LABELS[k] for k in COLOURS] + ["checkpoint", "stop signal", "failure", "decision to grow"]
     if line.slow:
         handles.append(plt.Rectangle((0, 0), 1, 1, color=STRAGGLER_COLOUR))
-        names.append("straggler (its own time x the median)")
+        names.append("straggler (its own time x the others' median)")
     ax.legend(
         handles,
         names,

@@ -8,15 +8,15 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import wait_for_ranks
-from .conftest import SLURM_2X1, cli, submit_job, wait_for_job
+from ..conftest import wait_for_ranks, wait_for_verdict
+from .conftest import SLURM_2X1, SLURM_2X2, cli, submit_job, wait_for_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -37,28 +37,34 @@ QUOTA = 0.25
 """node2's share of one core."""
 
 
-@pytest.fixture
-def slow_node2() -> Iterator[str]:
-    """node2's slurmd (and the steps it starts from now on: children stay in their parent's cgroup) under
-    QUOTA of a core; afterwards back in the root cgroup, with whatever it started meanwhile."""
+@contextmanager
+def _slowed(node: str, quota: float) -> Iterator[str]:
+    """``node``'s slurmd (and the steps it starts from now on: children stay in their parent's cgroup) under
+    ``quota`` of a core; afterwards back in the root cgroup, with whatever it started meanwhile."""
     if not (CPU_CGROUP / "tasks").exists():
         pytest.skip("needs the cgroup v1 cpu controller")
-    pid = (STATE / "run" / "slurmd-node2.pid").read_text().strip()
-    group = CPU_CGROUP / f"hpc_train_slow_node2_{os.getpid()}"
+    pid = (STATE / "run" / f"slurmd-{node}.pid").read_text().strip()
+    group = CPU_CGROUP / f"hpc_train_slow_{node}_{os.getpid()}"
     group.mkdir()
     try:
-        # 10 ms periods: 2.5 ms slices, shorter than a step's forward and backward (with 100 ms periods the
-        # compute fits in one slice and the pauses fall where the rank waits for the others: see
-        # tests/runs/test_stragglers.py)
+        # 10 ms periods: slices shorter than a step's forward and backward (with 100 ms periods the compute fits
+        # in one slice and the pauses fall where the rank waits for the others: see tests/runs/test_stragglers.py)
         (group / "cpu.cfs_period_us").write_text("10000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(QUOTA * 10000)))
+        (group / "cpu.cfs_quota_us").write_text(str(int(quota * 10000)))
         (group / "tasks").write_text(pid)
-        yield "node2"
+        yield node
     finally:
         for task in (group / "tasks").read_text().split():
             with suppress(OSError):  # ended meanwhile
                 (CPU_CGROUP / "tasks").write_text(task)
         group.rmdir()
+
+
+@pytest.fixture
+def slow_node2() -> Iterator[str]:
+    """node2 under QUOTA of a core."""
+    with _slowed("node2", QUOTA) as node:
+        yield node
 
 
 def test_the_rank_on_a_slow_node_is_named(tmp_path: Path, slow_node2: str) -> None:
@@ -69,13 +75,7 @@ def test_the_rank_on_a_slow_node_is_named(tmp_path: Path, slow_node2: str) -> No
     )
     try:
         wait_for_ranks(run_dir, 1, timeout=240)
-        trains = time.monotonic()
-        found = None
-        while found is None and time.monotonic() - trains < 120:
-            time.sleep(1)
-            named = [e for e in RunDir(run_dir).straggler_reports() if e.ranks]
-            found = named[-1] if named else None
-        named_after = time.monotonic() - trains
+        found, named_after = wait_for_verdict(run_dir, bool, timeout=120)
         status = cli("hpc_train.jobs", "status", str(run_dir), cwd=tmp_path)
     finally:
         subprocess.run(["scancel", job_id], check=False, timeout=30)
@@ -87,6 +87,34 @@ def test_the_rank_on_a_slow_node_is_named(tmp_path: Path, slow_node2: str) -> No
     print(
         f"\nnamed {named_after:.1f} s after every rank's first step (2 s windows, 3 in a row), node2 at "
         f"{QUOTA:.0%} of a core: {found.describe()}"
+    )
+
+
+HALF_QUOTA = 0.7
+"""node2's share of one core in the 2 x 2 job: its two ranks share it, node1's two share what the machine's two
+cores have left."""
+
+
+def test_a_whole_slow_node_of_two_is_named_rank_by_rank(tmp_path: Path) -> None:
+    """Issue 59: a 2 x 2 job with node2 slow. Half the ranks are slow, so the median of every rank's time sat
+    between the slow and the fast ones and moved with the slow node; each rank against the median of the others
+    is compared with the fast node's."""
+    with _slowed("node2", HALF_QUOTA) as slow_node:
+        run_dir = tmp_path / "run"
+        job_id = submit_job(run_dir, *[a for a in LONG if a not in SLURM_2X1], *SLURM_2X2)
+        try:
+            wait_for_ranks(run_dir, 1, timeout=240)
+            found, named_after = wait_for_verdict(run_dir, lambda named: named == {2, 3}, timeout=120)
+            reports = RunDir(run_dir).straggler_reports()
+        finally:
+            subprocess.run(["scancel", job_id], check=False, timeout=30)
+            wait_for_job(job_id, timeout=120)
+    assert found is not None, f"node2's ranks were never both named: {[e.describe() for e in reports]}"
+    assert {(r.host, r.rank) for r in found.ranks} == {(slow_node, 2), (slow_node, 3)}, found
+    assert all(r.slowdown >= 1.25 for r in found.ranks) and not any(r.rank < 2 for e in reports for r in e.ranks)
+    print(
+        f"\nnode2 of 2 at {HALF_QUOTA:.0%} of a core for its 2 ranks: both named {named_after:.1f} s after every "
+        f"rank's first step (2 s windows, 3 in a row): {found.describe()}"
     )
 
 

@@ -113,12 +113,30 @@ def test_the_estimate_uses_this_attempts_pace_and_the_runs_history() -> None:
             {"attempt": 0, "outcome": "stopped", "start": 980.0, "nodes": ["a", "b"], "progress": pace.to_json()}
         )
     ]
-    found = estimate(cfg, attempts, pace, (2, 4), (6.0, "measured"), (1.0, "median of 1 stop"))
+    found = estimate(cfg, attempts, pace, (2, 4), (6.0, "measured"), (1.0, "median of 1 stop"), now=1200.0)
     assert found is not None
     assert (found.steps_left, found.step_s_now, found.step_s_after) == (599, 1.0, 0.5)
     assert (found.startup_s, found.gap_s, found.checkpoint_s) == (20.0, 6.0, 1.0) and found.worth
     first = Progress(first_step=5, first_time=1.0, step=5, time=1.0)  # one step: no pace yet
     assert estimate(cfg, attempts, first, (2, 4), (6.0, ""), (0.0, "")) is None
+
+
+def test_the_estimate_counts_from_the_step_rank_0_is_at_now_not_the_one_its_record_last_said() -> None:
+    """The progress record is refreshed every cluster.status_every_s (10 s by default): 10 s after it was written,
+    at 0.02 s a step, rank 0 is 500 steps further, and those are not left to gain from."""
+    cfg = compose_config(*RANGE)
+    pace = Progress(first_step=1, first_time=1000.0, step=201, time=1004.0)  # 0.02 s a step
+    found = estimate(cfg, [], pace, (2, 4), (6.0, "measured"), (1.0, "median of 1 stop"), now=1014.0)
+    assert found is not None
+    assert (found.step, found.steps_left) == (701, 299), found
+    said = found.describe()
+    assert "299 steps left from step 701 (rank 0's progress record: step 201, 10.0 s old, carried forward 500" in (said)
+    assert found.record("12", 0, found.step, 1014.0).step == 701
+    fresh = estimate(cfg, [], pace, (2, 4), (6.0, "measured"), (1.0, "median of 1 stop"), now=1004.0)
+    assert fresh is not None and (fresh.step, fresh.steps_left) == (201, 799)
+    assert "from step 201 (rank 0's progress record, written just now)" in fresh.describe()
+    late = estimate(cfg, [], pace, (2, 4), (6.0, ""), (1.0, ""), now=1100.0)  # past the end: nothing left to gain
+    assert late is not None and late.steps_left == 0 and not late.worth
 
 
 def test_the_ledger_measures_each_growth_from_the_decision_to_the_first_step_on_more_nodes() -> None:
