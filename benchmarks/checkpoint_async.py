@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=0, help="run through python -m hpc_train with this many ranks")
     parser.add_argument("--modes", default="none,sync,async", help="with --ranks: which of none,sync,async to run")
     args = parser.parse_args()
+    if args.every > args.steps:
+        parser.error(f"--every {args.every} is more than --steps {args.steps}: there would be no checkpoint to time")
     if args.ranks:
         _through_hpc_train(args)
         return
@@ -175,8 +177,8 @@ def main() -> None:
     async_blocked = statistics.median(results["async"].blocked)
     print(
         f"blocking: background {async_blocked:.3f} s = {100 * async_blocked / sync_blocked:.1f}% of a synchronous "
-        f"save ({sync_blocked:.3f} s); checkpoint overhead on the run: sync +{sync - base:.1f} s, background "
-        f"+{background - base:.1f} s"
+        f"save ({sync_blocked:.3f} s); checkpoint overhead on the run: sync {sync - base:+.1f} s, background "
+        f"{background - base:+.1f} s"
     )
 
 
@@ -192,13 +194,19 @@ def _through_hpc_train(args: argparse.Namespace) -> None:
     base, sync, background = (results[m].total for m in ("none", "sync", "async"))
     print(
         f"launch to exit: checkpoints add {sync - base:+.1f} s synchronous, {background - base:+.1f} s in the "
-        f"background ({(background - base) / (sync - base):.2f} of synchronous) to a {base:.1f} s run"
+        f"background ({_share(background - base, sync - base)} of synchronous) to a {base:.1f} s run"
     )
     base, sync, background = (results[m].training or 0.0 for m in ("none", "sync", "async"))
     print(
         f"training alone: {sync - base:+.1f} s synchronous, {background - base:+.1f} s in the background "
-        f"({(background - base) / (sync - base):.2f} of synchronous) on {base:.1f} s"
+        f"({_share(background - base, sync - base)} of synchronous) on {base:.1f} s"
     )
+
+
+def _share(background: float, sync: float) -> str:
+    """What the background saves cost as a share of the synchronous saves' cost; none where those cost nothing
+    measurable (a small run: the division would fail or mean nothing)."""
+    return f"{background / sync:.2f}" if sync > 0 else "n/a"
 
 
 if __name__ == "__main__":

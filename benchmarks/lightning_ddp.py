@@ -18,7 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from workloads import LOG_EVERY, WORKLOADS, Workload, measure_marks, parse_args, report, synthetic
 
 
-class Classifier(L.LightningModule):
+# lightning's classes are Any to mypy: pyproject does not follow the optional extras (their types would depend
+# on which extras a machine has), so subclassing them is subclassing Any.
+class Classifier(L.LightningModule):  # type: ignore[misc]
     def __init__(self, workload: Workload) -> None:
         super().__init__()
         self.net = workload.build()
@@ -26,13 +28,14 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs, targets = batch
-        return self.loss_fn(self.net(inputs), targets)
+        loss: torch.Tensor = self.loss_fn(self.net(inputs), targets)  # self's attributes are Any (its base is)
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-class Marks(L.Callback):
+class Marks(L.Callback):  # type: ignore[misc]  # Any to mypy, as above
     def __init__(self, start_mark: int, end_mark: int, batch_size: int) -> None:
         self.start_mark, self.end_mark, self.batch_size = start_mark, end_mark, batch_size
         self.first_step = self.window_start = 0.0

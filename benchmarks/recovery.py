@@ -41,6 +41,10 @@ JOB = [
     "trainer.plots=false",
     "trainer.tensorboard=false",
     "trainer.progress_bar=false",
+    # The benchmark acts on the steps it reads from the ranks' statuses (wait_step, the ranks it may kill), and
+    # those reach status/ in their node's summary every cluster.status_every_s: at the default 10 s, a run of 150
+    # steps may end before its statuses show step 40. 1 s, as tests/integration uses, keeps them fresh.
+    "cluster.status_every_s=1",
 ]
 
 

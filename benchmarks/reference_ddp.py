@@ -38,8 +38,9 @@ def main() -> None:
     workload = WORKLOADS[args.workload]
     torch.manual_seed(0)
     x, y = synthetic(workload, workload.samples_needed(end_mark, world))
-    sampler = DistributedSampler(TensorDataset(x, y), shuffle=True, seed=0)
-    loader = DataLoader(TensorDataset(x, y), batch_size=workload.batch_size, sampler=sampler, drop_last=True)
+    dataset = TensorDataset(x, y)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(dataset, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=workload.batch_size, sampler=sampler, drop_last=True)
     model = DistributedDataParallel(
         workload.build().to(device), device_ids=[local_rank] if device.type == "cuda" else None
     )

@@ -40,11 +40,13 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 from omegaconf import OmegaConf
 
@@ -52,6 +54,7 @@ import hpc_train.core.nodes as nodes
 from hpc_train.api import compose_config
 from hpc_train.config import resolve
 from hpc_train.config.cluster import ClusterConfig
+from hpc_train.core import files
 from hpc_train.core.goodput import ledger
 from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.records import Allocation, AttemptOutcome, AttemptRecord, Progress, RankState
@@ -161,44 +164,52 @@ class Node:
             self.rd.write_status(rank, state, attempt=0, step=step)
 
 
+@contextlib.contextmanager
+def status_writes() -> Iterator[list[Path]]:
+    """The files written into a run dir's status/ by the nodes' summaries while the block runs: their writer
+    (``write_json_atomic`` as ``hpc_train.core.nodes`` calls it) is wrapped, so the product's code runs unchanged."""
+    writes: list[Path] = []
+
+    def counted(path: Path, obj: Any, durable: bool = True) -> None:
+        if path.parent.name == "status":
+            writes.append(path)
+        files.write_json_atomic(path, obj, durable)
+
+    with mock.patch.object(nodes, "write_json_atomic", counted):
+        yield writes
+
+
+def train(node_list: list[Node], seconds: float, beat_s: float) -> tuple[int, float]:
+    """Every rank beats every ``beat_s`` for ``seconds``, each node's reporter ticking between the rounds as its
+    thread would (every ``SOON_S / 2``); returns the heartbeats and the seconds it really took."""
+    beats = step = 0
+    start = next_tick = time.monotonic()
+    while time.monotonic() - start < seconds:
+        step += 1
+        round_start = time.monotonic()
+        for node in node_list:
+            node.beat(step)
+        beats += len(node_list) * RANKS_PER_NODE
+        while time.monotonic() < round_start + beat_s or time.monotonic() >= next_tick:
+            if time.monotonic() >= next_tick:
+                now = time.monotonic()
+                for node in node_list:
+                    node.channel.tick(now)
+                next_tick = now + nodes.SOON_S / 2
+            time.sleep(max(0.0, min(next_tick, round_start + beat_s) - time.monotonic()))
+    return beats, time.monotonic() - start
+
+
 def steady(node_list: list[Node], seconds: float, beat_s: float, every_s: float) -> tuple[float, float]:
     """Heartbeats per node per 10 s, and status/ file updates per node per 10 s, over ``seconds``; each node's
     summary period is ``every_s`` (cluster.status_every_s)."""
-    writes: list[Path] = []
-    real = nodes.write_json_atomic
-
-    def counted(path: Path, *args: object, **kwargs: object) -> None:
-        if path.parent.name == "status":
-            writes.append(path)
-        real(path, *args, **kwargs)  # type: ignore[arg-type]
-
-    nodes.write_json_atomic = counted  # type: ignore[assignment]
-    try:
+    with status_writes() as writes:
         for node in node_list:
             node.channel.every_s = every_s
             node.beat(0)
             node.channel.tick(time.monotonic())  # the first summary, every rank running
-        writes.clear()
-        beats = 0
-        start = time.monotonic()
-        step = 0
-        next_tick = start
-        while time.monotonic() - start < seconds:
-            step += 1
-            round_start = time.monotonic()
-            for node in node_list:
-                node.beat(step)
-            beats += len(node_list) * RANKS_PER_NODE
-            while time.monotonic() < round_start + beat_s or time.monotonic() >= next_tick:
-                if time.monotonic() >= next_tick:
-                    now = time.monotonic()
-                    for node in node_list:
-                        node.channel.tick(now)
-                    next_tick = now + nodes.SOON_S / 2
-                time.sleep(max(0.0, min(next_tick, round_start + beat_s) - time.monotonic()))
-        elapsed = time.monotonic() - start
-    finally:
-        nodes.write_json_atomic = real
+        writes.clear()  # counted: steady training only
+        beats, elapsed = train(node_list, seconds, beat_s)
     node_periods = len(node_list) * elapsed / 10  # nodes x 10-s periods
     return beats / node_periods, len(writes) / node_periods
 
@@ -264,7 +275,8 @@ def rank_table(envs: list[DistEnv], rd: RunDir) -> tuple[int, float]:
         for e in envs
     ]
     lines = 1 + len(summarize_rank_table(rows).splitlines())  # with its heading line
-    return lines, timed(lambda: rd.write_rank_table([r.as_dict() | {"attempt": 0} for r in rows]))
+    # What rank 0 does (runtime/worker.py): each row becomes its typed rank_table.json entry, then one write.
+    return lines, timed(lambda: rd.write_rank_table([r.entry(attempt=0) for r in rows]))
 
 
 def goodput(n_nodes: int) -> float:

@@ -23,9 +23,10 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import start_processes
 from workloads import WORKLOADS, synthetic
 
 from hpc_train.distributed.stragglers import ComputeClock
@@ -84,7 +85,8 @@ def clock_cost(tensors: int, steps: int, repeats: int) -> float:
 def _gathers(rank: int, folder: str, count: int, out: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 2), rank=rank, world_size=2)
+    store = Path(folder, "store").as_uri()  # a file store, through the init method torch's stubs type
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
     mine = torch.tensor([0.1 * rank], dtype=torch.float64)
     times = []
     for _ in range(count):
@@ -101,7 +103,7 @@ def _gathers(rank: int, folder: str, count: int, out: str) -> None:
 def exchange_cost(count: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "median")
-        mp.start_processes(_gathers, args=(folder, count, out), nprocs=2, start_method="spawn")
+        start_processes(_gathers, args=(folder, count, out), nprocs=2, start_method="spawn")
         with open(out) as f:
             return float(f.read())
 
