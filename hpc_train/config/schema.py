@@ -47,6 +47,12 @@ class ScriptConfig(Checked):
     """Give the script the variables torchrun would (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). false runs a
     one-rank script as a plain single process, without them: for scripts that take their DDP path whenever
     LOCAL_RANK is set (DeepLIIF). Refused for more than one rank."""
+    global_batch: int | None = None
+    """The samples of one optimizer step, over all ranks, that your script keeps on any node count: it takes its
+    per-rank batch and accumulation from ``hpc_train.global_batch.GlobalBatch`` (and its data order from that
+    batch's sampler). With it the script may run on a node range (``cluster.min_nodes``), grow, go on without a
+    lost node, and resume on another shape; without it those are refused. It must split over the ranks of every
+    node count the run may train on."""
 
     def __post_init__(self) -> None:
         self._refuse_control_characters()
@@ -64,6 +70,8 @@ class ScriptConfig(Checked):
             "must be a list of words, or one string that splits like a shell command line (balanced quotes)",
             "script.args='--tag \"a,b\" --lr=1e-3', or put the arguments after -- at the end of the command line",
         )
+        if self.global_batch is not None:
+            self._bounded("global_batch", 1, 2**31 - 1, 256, why="samples per optimizer step, over all ranks")
         # Whether script.path is a file and script.command is on PATH is checked at submission, against the
         # files there (hpc_train.launch.preflight.check_paths): not here, where a saved config is read again.
 
@@ -207,6 +215,26 @@ class Config:
         if self.cluster.fewest_nodes < self.cluster.nodes:
             self._check_shrink()
         self._check_torchrun_env(world)
+        self._check_script_batch(world)
+
+    def _check_script_batch(self, world: int) -> None:
+        """script.global_batch: a script of the user's, and a global batch its ranks can share."""
+        batch = self.script.global_batch
+        if batch is None:
+            return
+        if not self.script.enabled:
+            raise ConfigError(
+                f"script.global_batch={batch} is the global batch of a script of your own, but none is given (the "
+                "built-in trainer's is trainer.batch_size x ranks x trainer.accumulate_grad_batches). HINT: add "
+                "script.path=..., script.module=... or script.command=..., or drop script.global_batch"
+            )
+        if batch % world:
+            raise ConfigError(
+                f"script.global_batch={batch} does not split over the {world} ranks of cluster.nodes="
+                f"{self.cluster.nodes} x {self.cluster.ranks_per_node} per node: every rank takes the same number "
+                f"of samples a step. HINT: set script.global_batch to your script's per-rank batch x {world} ranks x "
+                "its accumulation"
+            )
 
     def _check_torchrun_env(self, world: int) -> None:
         """script.torchrun_env=false: a single process, so one rank of a script."""
@@ -229,12 +257,14 @@ class Config:
     def _check_shrink(self) -> None:
         """cluster.min_nodes below cluster.nodes: the built-in trainer can keep its global batch on that many."""
         cluster = self.cluster
-        if self.script.enabled:
+        if self.script.enabled and self.script.global_batch is None:
             raise ConfigError(
                 f"cluster.min_nodes={cluster.min_nodes} lets a job go on with fewer nodes than "
                 f"cluster.nodes={cluster.nodes}, but a script's batch size and data order are its own: it would go "
-                f"on with another global batch, silently. HINT: remove cluster.min_nodes (or set it to "
-                f"{cluster.nodes}); cluster.slurm.spare_nodes=1 replaces a lost node instead"
+                f"on with another global batch, silently. HINT: take the per-rank batch and the data order from "
+                f"hpc_train.global_batch.GlobalBatch in your script and set script.global_batch to its global batch "
+                f"(per-rank batch x {cluster.nodes * cluster.ranks_per_node} ranks x accumulation); or remove "
+                f"cluster.min_nodes (cluster.slurm.spare_nodes=1 replaces a lost node instead)"
             )
         shape = Shape.of(self)
         ranks = cluster.fewest_nodes * cluster.ranks_per_node

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from hpc_train.core.batch import split_global_batch
 from hpc_train.core.errors import ConfigError
 
 if TYPE_CHECKING:  # for annotations only: schema imports this module (Config checks its own shape with it)
@@ -47,7 +48,14 @@ class Shape:
 
     @classmethod
     def of(cls, cfg: Config) -> Shape:
-        tc = cfg.trainer
+        """The built-in trainer's shape; a script's with ``script.global_batch``: its share a rank, unaccumulated
+        (the script splits it into micro-batches itself, through ``hpc_train.global_batch``)."""
+        tc, world = cfg.trainer, cfg.cluster.nodes * cfg.cluster.ranks_per_node
+        if cfg.script.enabled and cfg.script.global_batch is not None and cfg.script.global_batch % world == 0:
+            share = cfg.script.global_batch // world
+            return cls(
+                nodes=cfg.cluster.nodes, tasks_per_node=cfg.cluster.ranks_per_node, batch_size=share, accumulate=1
+            )
         return cls(
             nodes=cfg.cluster.nodes,
             tasks_per_node=cfg.cluster.ranks_per_node,
@@ -82,23 +90,12 @@ class Shape:
         }
 
 
-def split_global_batch(global_batch: int, world_size: int, batch_size: int, accumulate: int) -> tuple[int, int] | None:
-    """(per-rank batch, accumulation) that make ``global_batch`` on ``world_size`` ranks, or None when no whole
-    numbers do. The per-rank batch is kept where it can be (memory per rank stays as it was), then the
-    accumulation; otherwise the largest per-rank batch below the old one that divides the rank's share."""
-    if global_batch % world_size:
-        return None
-    share = global_batch // world_size  # samples a rank takes per optimizer step
-    if share % batch_size == 0:
-        return batch_size, share // batch_size
-    if share % accumulate == 0 and share // accumulate <= batch_size:
-        return share // accumulate, accumulate
-    smaller = next(b for b in range(min(batch_size, share), 0, -1) if share % b == 0)
-    return smaller, share // smaller
-
-
 def same_global_batch(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Two flat configs (``{"trainer.batch_size": 32, ...}``, resolved) make the same global batch."""
+    """Two flat configs (``{"trainer.batch_size": 32, ...}``, resolved) make the same global batch: the built-in
+    trainer's product, or a script's ``script.global_batch`` (a script without one has none to keep)."""
+    script = old.get("script.global_batch"), new.get("script.global_batch")
+    if any(old.get(f"script.{k}") or new.get(f"script.{k}") for k in ("path", "module", "command")):
+        return isinstance(script[0], int) and script[0] == script[1]
 
     def product(flat: Mapping[str, Any]) -> int | None:
         total = 1
@@ -134,7 +131,9 @@ def on_nodes(cfg: Config, nodes: int) -> Config:
             f"{NODES_VARIABLE}={nodes}: the global batch of {Shape.of(cfg).describe()} does not split over {nodes} "
             f"nodes. HINT: set cluster.min_nodes to a node count that divides it"
         )
-    batch_size, accumulate = split
     cluster = replace(cfg.cluster, nodes=nodes, min_nodes=min(nodes, cfg.cluster.fewest_nodes))
+    if cfg.script.enabled:  # script.global_batch stays; the script splits it over its ranks itself
+        return replace(cfg, cluster=cluster)
+    batch_size, accumulate = split
     trainer = replace(cfg.trainer, batch_size=batch_size, accumulate_grad_batches=accumulate)
     return replace(cfg, cluster=cluster, trainer=trainer)

@@ -343,6 +343,8 @@ class Progress(_Record):
     """The run dir that wrote it (``RunDir.clear_statuses`` deletes only its own)."""
     rank: int | None = None
     """Whose it is, in a node's summary (``NodeSummary.progress``)."""
+    steps_total: int | None = None
+    """A user's script: the optimizer steps the run trains in all, as it told ``GlobalBatch.of``."""
 
     KEYS: ClassVar[Mapping[str, _Key]] = {
         "first_step": _STEP,
@@ -356,6 +358,7 @@ class Progress(_Record):
         "attempt": _Key("is not an attempt number", _or_none(_integer)),
         "run": _Key("is not a run dir's path", _or_none(_string)),
         "rank": _Key("is not a rank number", _or_none(_integer)),
+        "steps_total": _STEP,
     }
 
 

@@ -25,7 +25,7 @@ def reshaped(cfg: Config, run_dir: RunDir) -> tuple[Config, Reshape | None]:
     of nodes or tasks per node, with the per-rank batch and accumulation that keep that run's global batch, and
     the change of shape to record once the config is written (``record_reshape``; None: the same shape).
     ConfigError when the global batch cannot be kept (it does not split over the new rank count), and for a
-    user's script, whose batch and data order hpc_train does not know."""
+    user's script that does not keep one (``script.global_batch``)."""
     if not run_dir.config.exists():
         return cfg, None
     try:
@@ -36,15 +36,7 @@ def reshaped(cfg: Config, run_dir: RunDir) -> tuple[Config, Reshape | None]:
     if (old.nodes, old.tasks_per_node) == (new.nodes, new.tasks_per_node):
         return cfg, None
     if cfg.script.enabled or saved.script.enabled:
-        raise ConfigError(
-            f"{run_dir.path} was run by your own script on {old.nodes} x {old.tasks_per_node} "
-            f"(cluster.nodes={old.nodes}, cluster.tasks_per_node={old.tasks_per_node}); this config asks for "
-            f"{new.nodes} x {new.tasks_per_node}. hpc_train resumes its built-in trainer on another shape with the "
-            "same global batch and data order, but a script's batch size, data order and checkpoints are its own, "
-            "so it would go on with another global batch and without saying so. HINT: resume with "
-            f"cluster.nodes={old.nodes} cluster.tasks_per_node={old.tasks_per_node}, or start a new run (leave "
-            "hydra.run.dir unset) and have your script load its checkpoint from the old run dir"
-        )
+        return _script_reshaped(cfg, saved, run_dir)
     if (new.batch_size, new.accumulate) != (old.batch_size, old.accumulate):
         if new.global_batch == old.global_batch:  # you chose the split yourself
             return _noted(cfg, old)
@@ -65,6 +57,29 @@ def reshaped(cfg: Config, run_dir: RunDir) -> tuple[Config, Reshape | None]:
     batch_size, accumulate = split
     out = replace(cfg, trainer=replace(cfg.trainer, batch_size=batch_size, accumulate_grad_batches=accumulate))
     return _noted(out, old)
+
+
+def _script_reshaped(cfg: Config, saved: Config, run_dir: RunDir) -> tuple[Config, Reshape]:
+    """A script's run dir on another shape: only a script that keeps its global batch (``script.global_batch``,
+    the same as the run's), which then splits it over the new rank count itself (``hpc_train.global_batch``)."""
+    old, new = Shape.of(saved), Shape.of(cfg)
+    was = saved.script.global_batch
+    if was is None or cfg.script.global_batch != was:
+        kept = (
+            f"its global batch was script.global_batch={was}; this config says {cfg.script.global_batch}. HINT: "
+            f"resume with script.global_batch={was}"
+            if was is not None
+            else "its script did not keep a global batch (script.global_batch unset), so its batch size and data "
+            "order are its own and it would go on with another global batch, without saying so. HINT: resume with "
+            f"cluster.nodes={old.nodes} cluster.tasks_per_node={old.tasks_per_node}"
+        )
+        raise ConfigError(
+            f"{run_dir.path} was run by your own script on {old.nodes} x {old.tasks_per_node} "
+            f"(cluster.nodes={old.nodes}, cluster.tasks_per_node={old.tasks_per_node}); this config asks for "
+            f"{new.nodes} x {new.tasks_per_node}, and {kept}, or start a new run (leave hydra.run.dir unset) and "
+            "have your script load its checkpoint from the old run dir"
+        )
+    return _noted(cfg, old)
 
 
 def _noted(cfg: Config, old: Shape) -> tuple[Config, Reshape]:

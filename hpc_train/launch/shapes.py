@@ -32,6 +32,7 @@ from hpc_train.runtime.estimates import (
     kept_step,
     measured_startup_s,
     measured_step_seconds,
+    script_steps,
     slurm_start_estimate,
     step_time,
     steps_left,
@@ -78,7 +79,7 @@ def shape_table(cfg: Config, run_dir: RunDir, script: Path, now: float | None = 
     measured = measured_step_seconds(attempts)
     study = study_step_seconds(cfg)
     startup = measured_startup_s(attempts)
-    left = steps_left(cfg, kept_step(attempts))
+    left = steps_left(cfg, kept_step(attempts), script_steps(attempts))
     rows = []
     for nodes in candidate_counts(cfg):
         start, note = slurm_start_estimate(script, f"--nodes={nodes + cfg.cluster.slurm.spare_nodes}")

@@ -31,6 +31,7 @@ __all__ = [
     "kept_step",
     "measured_startup_s",
     "measured_step_seconds",
+    "script_steps",
     "slurm_start_estimate",
     "step_time",
     "steps_left",
@@ -139,13 +140,28 @@ def step_time(nodes: int, measured: dict[int, float], study: dict[int, float]) -
 
 
 def kept_step(attempts: Sequence[AttemptRecord]) -> int:
-    """The newest checkpoint the run's attempts kept (0: none)."""
-    return max((a.progress.checkpoint_step or 0 for a in attempts if a.progress is not None), default=0)
+    """The newest checkpoint the run's attempts kept (0: none): the trainer's, or the step a script's ranks agreed
+    to stop at (it saves there)."""
+    kept = [
+        (p.step or 0) if p.stop_agreed else (p.checkpoint_step or 0)
+        for p in (a.progress for a in attempts)
+        if p is not None
+    ]
+    return max(kept, default=0)
 
 
-def steps_left(cfg: Config, done: int) -> int | None:
+def script_steps(attempts: Sequence[AttemptRecord]) -> int | None:
+    """The steps a user's script trains in all, as its newest attempt told ``GlobalBatch.of`` (None: untold)."""
+    told = [a.progress.steps_total for a in attempts if a.progress is not None and a.progress.steps_total]
+    return told[-1] if told else None
+
+
+def steps_left(cfg: Config, done: int, script_total: int | None = None) -> int | None:
     """Steps from step ``done`` to the run's end; None when the end is not known before the data set is built
-    (a data set of the user's, and no trainer.max_steps)."""
+    (a data set of the user's, and no trainer.max_steps), and for a user's script that did not say its
+    ``script_total``."""
+    if cfg.script.enabled:
+        return None if script_total is None else max(0, script_total - done)
     tc = cfg.trainer
     total = tc.max_steps or math.inf
     if tc.epoch_limit:

@@ -35,6 +35,7 @@ from hpc_train.runtime.estimates import (
     candidate_counts,
     measured_startup_s,
     measured_step_seconds,
+    script_steps,
     slurm_start_estimate,
     step_time,
     steps_left,
@@ -161,7 +162,7 @@ def estimate(
     if now_s is None:
         return None
     step, step_source = step_now(progress, now_s, time.time() if now is None else now)
-    left = steps_left(cfg, step)
+    left = steps_left(cfg, step, progress.steps_total or script_steps(attempts))
     if left is None:
         return None
     measured = {**measured_step_seconds(attempts), nodes_now: now_s}  # this attempt's own pace, the freshest figure

@@ -27,6 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.batch import GLOBAL_BATCH_VARIABLE
+from hpc_train.core.errors import ConfigError
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.nodes import NodeChannel
 from hpc_train.core.rundir import RunDir
@@ -59,6 +61,9 @@ _agreed = 0
 _first_step: int | None = None
 _first_time = 0.0
 _reported_at = 0.0
+_batch_taken = False
+"""The script asked ``hpc_train.global_batch.GlobalBatch`` for its batch (``note_global_batch``)."""
+_steps_total: int | None = None
 REPORT_EVERY_S = 1.0
 """How often the latest step is written for the goodput ledger (each write is one small file rename)."""
 
@@ -108,6 +113,26 @@ def stop_signal() -> int:
     return _agreed
 
 
+def note_global_batch(steps: int | None) -> None:
+    """``GlobalBatch.of`` was called: the script keeps ``script.global_batch``, and trains ``steps`` in all."""
+    global _batch_taken, _steps_total
+    _batch_taken, _steps_total = True, steps
+
+
+def _check_global_batch() -> None:
+    """A script run with ``script.global_batch`` must take its batch from ``GlobalBatch``: else, on another rank
+    count than its own, it would train on another global batch without a word. Checked at its first step, every
+    attempt, on any shape (a ConfigError: the job ends, not retried)."""
+    given = os.environ.get(GLOBAL_BATCH_VARIABLE)
+    if given and not _batch_taken:
+        raise ConfigError(
+            f"script.global_batch={given} says this script keeps that global batch on any node count, but it "
+            f"reached its first step without asking hpc_train.global_batch.GlobalBatch.of for its share of it "
+            f"({os.environ.get('WORLD_SIZE', '1')} ranks now). HINT: build the DataLoader from GlobalBatch.of(...)"
+            ".per_rank and its sampler(...), or drop script.global_batch (and cluster.min_nodes)"
+        )
+
+
 def should_stop(step: int | None = None) -> bool:
     """True on every rank at the same call once any rank has had a stop signal; a collective over the group the
     script initialised, so every rank must call it, the same number of times.
@@ -119,6 +144,7 @@ def should_stop(step: int | None = None) -> bool:
     """
     global _agreed, _first_step, _first_time
     if step is not None and _first_step is None:
+        _check_global_batch()
         _first_step, _first_time = step, time.time()
         _report(step, stopped=False)
     elif step is not None and time.monotonic() - _reported_at >= REPORT_EVERY_S:
@@ -180,6 +206,7 @@ def _report(step: int, stopped: bool) -> None:
         "time": time.time(),
         "stop_agreed": stopped,
         "attempt": restart_count(),
+        "steps_total": _steps_total,
     }
     rd = RunDir(Path(run_dir))
     RunDir(rd.path, node=NodeChannel.from_environ(rd.path, rd.status_dir)).write_progress(int(rank), record)

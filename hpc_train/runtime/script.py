@@ -44,6 +44,7 @@ from types import FrameType
 from typing import IO, Any
 
 from hpc_train.config import ClusterConfig, Config, ScriptConfig
+from hpc_train.core.batch import GLOBAL_BATCH_VARIABLE
 from hpc_train.core.errors import LaunchError, tag_step
 from hpc_train.core.identity import ATTEMPT_VARIABLE, JobIdentity
 from hpc_train.core.records import StartupProfile
@@ -315,6 +316,8 @@ def run_user_script(
     started = time.monotonic()
     # The run dir's tracker runs, as the trackers' own libraries read them (MLFLOW_RUN_ID, WANDB_RUN_ID, ...).
     trackers = script_environment(rd, cfg)
+    if cfg.script.global_batch is not None:  # the script splits it over today's ranks (hpc_train.global_batch)
+        trackers[GLOBAL_BATCH_VARIABLE] = str(cfg.script.global_batch)
     with script_startup(rd, env, startup or Startup()), script_stragglers(rd, env, cfg):
         if cfg.cluster.launcher == "debug" and not cfg.script.command:
             variables = torchrun_environment(env, cfg.cluster, str(rd.path), job.attempt, cfg.script.torchrun_env)

@@ -41,6 +41,18 @@ def squeue(job_id: str) -> tuple[str, int]:
     return (out[0], int(out[1])) if len(out) == 2 else ("", 0)
 
 
+def hold(node: str) -> str:
+    """Another user's exclusive job on ``node`` (10 minutes at most), once it runs; its job id."""
+    argv = ["sbatch", "--parsable", "--exclusive", "-p", "all", "-w", node, "-t", "10", "-o", "/dev/null"]
+    holder = subprocess.run([*argv, "--wrap", "sleep 600"], capture_output=True, text=True, timeout=30, check=True)
+    job_id = holder.stdout.strip()
+    deadline = time.monotonic() + 60
+    while squeue(job_id)[0] != "RUNNING":
+        assert time.monotonic() < deadline, f"the job that holds {node} did not start"
+        time.sleep(0.2)
+    return job_id
+
+
 def restarts(job_id: str) -> int:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=20).stdout
     return int(next(f for f in out.split() if f.startswith("Restarts=")).split("=", 1)[1])
@@ -67,14 +79,8 @@ def test_a_range_starts_on_what_is_free_and_comes_back_on_what_is_free(tmp_path:
     # 1G a node: without it a job takes all of a node's memory (the testbed's DefMemPerNode is unlimited), and the
     # baseline could not run beside the run.
     three = [*job(log, 3, tasks_per_node=1, delay_s=0.05, steps=STEPS), "cluster.partition=all", "cluster.slurm.mem=1G"]
-    hold = ["sbatch", "--parsable", "--exclusive", "-p", "all", "-w", "node3", "-t", "10", "-o", "/dev/null"]
-    holder = subprocess.run([*hold, "--wrap", "sleep 600"], capture_output=True, text=True, timeout=30, check=True)
-    holder_id = holder.stdout.strip()
+    holder_id = hold("node3")
     try:
-        deadline = time.monotonic() + 60
-        while squeue(holder_id)[0] != "RUNNING":
-            assert time.monotonic() < deadline, "the job that holds node3 did not start"
-            time.sleep(0.2)
         # Before submitting: Slurm's start for each count (node3 is held for 10 minutes), and no step time yet.
         dry = cli(
             "hpc_train", *three, *RANGE, "cluster.slurm.dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}", cwd=tmp_path
