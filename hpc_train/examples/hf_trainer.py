@@ -7,7 +7,9 @@ returns its loss as any transformers model does. On rank 0 it records each attem
 (``starts.txt``), the step reached (``step.txt``, for tests that signal mid-run) and, once it has trained
 ``--steps`` steps, the weights (``final.pt``). ``--report-to mlflow,wandb`` logs to the run dir's tracker runs
 (hpc_train's ``tracking.*`` gives the script their ids); ``--save-steps`` checkpoints every that many steps, and
-``--fail-at`` makes rank 0's first attempt raise at that step (for tests of a crash and its restart).
+``--fail-at`` makes rank 0's first attempt raise at that step (for tests of a crash and its restart);
+``--samples DIR`` has each rank write the samples of every batch it reads (``DIR/attempt<A>.rank<R>.txt``).
+With ``script.global_batch`` it keeps that global batch on any node count (the callback sets the accumulation).
 """
 
 import argparse
@@ -17,6 +19,7 @@ import time
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from hpc_train import preemption
 from hpc_train.integrations.transformers import PreemptionCallback, last_checkpoint
 
 
@@ -30,16 +33,23 @@ class Regression(torch.nn.Module):
 
 
 class Samples(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, log: str = "") -> None:
         generator = torch.Generator().manual_seed(1)
         self.x = torch.randn(n, 8, generator=generator)
         self.y = self.x.sum(-1) + 0.1 * torch.randn(n, generator=generator)
+        self.log = log
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"x": self.x[i], "labels": self.y[i]}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        if self.log:  # test instrumentation: the samples of each batch this rank reads, in order
+            with open(self.log, "a") as f:
+                f.write(" ".join(map(str, indices)) + "\n")
+        return [self[i] for i in indices]
 
 
 class Progress(TrainerCallback):
@@ -65,6 +75,14 @@ class Progress(TrainerCallback):
                 raise RuntimeError(f"failing at step {state.global_step} on purpose (--fail-at)")
 
 
+def samples_log(folder: str) -> str:
+    """This rank's sample log in ``folder`` for this attempt ('' without a folder)."""
+    if not folder:
+        return ""
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"attempt{preemption.restart_count()}.rank{os.environ.get('RANK', '0')}.txt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -74,6 +92,7 @@ def main() -> None:
     parser.add_argument("--logging-steps", type=int, default=500)
     parser.add_argument("--save-steps", type=int, default=0, help="0: only the stop checkpoint")
     parser.add_argument("--fail-at", type=int, default=0)
+    parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -96,7 +115,7 @@ def main() -> None:
     trainer = Trainer(
         model=model,
         args=training,
-        train_dataset=Samples(256),
+        train_dataset=Samples(256, samples_log(args.samples)),
         callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.fail_at)],
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(checkpoints))

@@ -27,6 +27,15 @@ Trainer's state says it is not the main process, which every reporting callback 
 Trainer still keeps the rows in its own ``log_history``.) Rank 0 records each step it reports
 (``hpc_train.preemption.trackers_hold``).
 
+A global batch kept on any node count (``script.global_batch``, issue 55): with it, the callback sets the
+Trainer's ``gradient_accumulation_steps`` when the Trainer is built (before its loader is), so that the script's
+``per_device_train_batch_size`` x the ranks it has today x the accumulation is ``script.global_batch`` whatever
+nodes the queue gave, and says so on rank 0. The Trainer's own data path then keeps the order: its sampler is one
+permutation per seed and epoch on every rank, which accelerate deals out batch by batch, so global step t trains
+on the same samples on any rank count, and a resume skips exactly the steps done. A per-device batch that does
+not divide ``script.global_batch / ranks`` cannot be changed once the Trainer is built: a ConfigError says what
+would. Each rank's RNG state is restored where its file exists (ranks that did not exist start from the seed).
+
 Stragglers (``cluster.stragglers``): hpc_train times each rank's DDP model and names a slow one in its log,
 ``status/`` and ``jobs status`` with no callback at all. With the callback, rank 0 also logs the figures of each
 verdict into the Trainer's MLflow run (at the step just logged) and W&B run (with its next row):
@@ -41,8 +50,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from hpc_train.core.batch import GLOBAL_BATCH_VARIABLE
+from hpc_train.core.errors import ConfigError
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
+from hpc_train.runtime.global_batch import GlobalBatch
 from hpc_train.runtime.script_clock import TrackerFigures, log_to_active_trackers
 
 try:
@@ -85,6 +97,25 @@ def _warn_if_not_distributed(args: TrainingArguments) -> None:
         )
 
 
+def _keep_global_batch(args: TrainingArguments) -> None:
+    """``script.global_batch`` on today's ranks: the accumulation that makes it with the script's per-device batch
+    (module docstring), set on ``args`` before the Trainer builds its loader."""
+    per_device, was = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    batch = GlobalBatch.of(per_rank=per_device, accumulate=was, steps=args.max_steps if args.max_steps > 0 else None)
+    if batch.per_rank != per_device:
+        share = batch.size // batch.ranks
+        raise ConfigError(
+            f"script.global_batch={batch.size} on the {batch.ranks} ranks training now is {share} samples a rank a "
+            f"step, which per_device_train_batch_size={per_device} does not divide, and the Trainer's per-device "
+            f"batch is fixed once it is built. HINT: set per_device_train_batch_size to a number that divides "
+            f"script.global_batch / ranks for every rank count the run may train on (here {share}), or keep "
+            "the node count fixed (drop cluster.min_nodes)"
+        )
+    args.gradient_accumulation_steps = batch.accumulate
+    if batch.rank == 0:
+        print(f"hpc_train: {batch.describe()} (gradient_accumulation_steps {was} -> {batch.accumulate})", flush=True)
+
+
 class PreemptionCallback(TrainerCallback):
     """Stop together on preemption, checkpoint, and exit so that hpc_train requeues the job.
 
@@ -103,6 +134,13 @@ class PreemptionCallback(TrainerCallback):
         self._muted = False
         self._stragglers = TrackerFigures()
         """Rank 0: the straggler figures of its worker's verdicts, for the MLflow and W&B runs the Trainer logs to."""
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if os.environ.get(GLOBAL_BATCH_VARIABLE):
+            _keep_global_batch(args)
+        return control
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -1,7 +1,7 @@
 """A torchrun loop that keeps its global batch (hpc_train/examples/global_batch_loop.py, ``script.global_batch``):
 stopped on 2 ranks and resumed by hand on 1, it trains every step on the samples of an uninterrupted 2-rank run,
-each step once, and ends with its weights to rounding; a script that says it keeps one but does not ask ends at
-its first step, not retried. The node range, the requeue on fewer nodes and the growth run on the testbed
+each step once, and ends with its weights to rounding; so does the Hugging Face example, whose accumulation the
+callback sets; a script that says it keeps one but does not ask ends at its first step, not retried. The node range, the requeue on fewer nodes and the growth run on the testbed
 (tests/integration/test_global_batch_slurm.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from hpc_train.core.rundir import RunDir
 
-from ..conftest import REPO, Background, start_in_foreground, wait_for_step
+from ..conftest import REPO, Background, needs, start_in_foreground, wait_for_step
 
 pytestmark = pytest.mark.slow
 
@@ -105,3 +105,65 @@ def test_a_script_that_says_it_keeps_a_global_batch_but_does_not_ask_ends_at_its
     assert "HINT: build the DataLoader from GlobalBatch.of" in said
     assert (out / "starts.txt").read_text().split() == ["0"], "retried: a config error is not a failure to retry"
     assert not (out / "final.pt").exists()
+
+
+def read_batches(out: Path, attempts: list[tuple[int, int, int]], ranks: list[int]) -> dict[int, list[int]]:
+    """Step -> its samples, from the per-rank batch logs of a script that cannot say which step a batch is for
+    (the Hugging Face example): ``attempts`` as (first step done before it, last step, accumulation), ``ranks``
+    each attempt's rank count. A rank reads its steps' batches in order; what it read after its last step (a
+    loader reads one batch ahead) was not trained."""
+    steps: dict[int, list[int]] = defaultdict(list)
+    for number, ((first, last, accumulate), world) in enumerate(zip(attempts, ranks, strict=True)):
+        for rank in range(world):
+            lines = (out / f"attempt{number}.rank{rank}.txt").read_text().splitlines()
+            assert len(lines) >= (last - first) * accumulate, f"attempt {number} rank {rank}: {len(lines)} batches"
+            for k, line in enumerate(lines[: (last - first) * accumulate]):
+                steps[first + 1 + k // accumulate].extend(int(w) for w in line.split())
+    return {step: sorted(samples) for step, samples in steps.items()}
+
+
+def hf_command(run_dir: Path, out: Path, ranks: int) -> list[str]:
+    argv = command(run_dir, out, ranks)
+    argv[argv.index("script.module=hpc_train.examples.global_batch_loop")] = (
+        "script.module=hpc_train.examples.hf_trainer"
+    )
+    hf_args = f"[--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02]"
+    argv[argv.index(next(a for a in argv if a.startswith("script.args=")))] = f"script.args={hf_args}"
+    return argv
+
+
+@needs("transformers", "accelerate")
+def test_a_hugging_face_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_every_step(tmp_path: Path) -> None:
+    """The Hugging Face example (8 a device, script.global_batch=16): the callback sets the Trainer's accumulation
+    to 2 on one rank; the Trainer's own sampler and accelerate's sharding keep the order, and its resume skips
+    the steps done."""
+    base = tmp_path / "baseline"
+    baseline = Background(hf_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    launcher = start_in_foreground(hf_command(run_dir, out, 2))
+    wait_for_step(out, 1, 20, timeout=240, alive=lambda: launcher.poll() is None)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 130, err[-3000:]
+    stopped = _stopped_at(out)
+    resumed = subprocess.run(hf_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "hpc_train: global batch 16 = 8 a rank x 1 rank x 2 accumulated (gradient_accumulation_steps 1 -> 2)" in (
+        resumed.stdout + (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
+    )
+    assert (out / "starts.txt").read_text().split() == ["0", str(stopped)]
+
+    steps = read_batches(out, [(0, stopped, 1), (stopped, STEPS, 2)], [2, 1])
+    assert sorted(steps) == list(range(1, STEPS + 1)) and all(len(s) == BATCH for s in steps.values())
+    assert steps == read_batches(base, [(0, STEPS, 1)], [2])
+    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
+    worst = max((final[k] - expected[k]).abs().max().item() for k in expected)
+    assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
+    print(f"Hugging Face: stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")
+
+
+def _stopped_at(out: Path) -> int:
+    """The step of the Trainer's stop checkpoint (checkpoint-<step>, marked complete by the callback)."""
+    (folder,) = (out / "checkpoints").glob("checkpoint-*")
+    return int(folder.name.split("-")[1])
