@@ -45,6 +45,9 @@ class Shape:
     batch_size: int
     """Per rank and micro-batch."""
     accumulate: int
+    script: bool = False
+    """A user's script's shape (``script.global_batch``): ``batch_size`` is a rank's share of a step, which the
+    script splits into micro-batches itself."""
 
     @classmethod
     def of(cls, cfg: Config) -> Shape:
@@ -54,7 +57,11 @@ class Shape:
         if cfg.script.enabled and cfg.script.global_batch is not None and cfg.script.global_batch % world == 0:
             share = cfg.script.global_batch // world
             return cls(
-                nodes=cfg.cluster.nodes, tasks_per_node=cfg.cluster.ranks_per_node, batch_size=share, accumulate=1
+                nodes=cfg.cluster.nodes,
+                tasks_per_node=cfg.cluster.ranks_per_node,
+                batch_size=share,
+                accumulate=1,
+                script=True,
             )
         return cls(
             nodes=cfg.cluster.nodes,
@@ -72,10 +79,15 @@ class Shape:
         return self.batch_size * self.world_size * self.accumulate
 
     def describe(self) -> str:
+        ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
+        split = (
+            f"{self.batch_size} a rank a step x {ranks}, split by the script"
+            if self.script
+            else f"{self.batch_size} a rank x {ranks} x {self.accumulate} accumulated"
+        )
         return (
             f"{self.nodes} node{'s' if self.nodes != 1 else ''} x {self.tasks_per_node} task"
-            f"{'s' if self.tasks_per_node != 1 else ''} (global batch {self.global_batch} = {self.batch_size} a rank "
-            f"x {self.world_size} rank{'s' if self.world_size != 1 else ''} x {self.accumulate} accumulated)"
+            f"{'s' if self.tasks_per_node != 1 else ''} (global batch {self.global_batch} = {split})"
         )
 
     def record(self) -> dict[str, int]:
