@@ -212,10 +212,10 @@ class Config:
             )
         if self.data.dataset is None:
             self._check_synthetic_sizes(world)
+        self._check_script_batch(world)  # first: the range's check reads the script's shape from it
         if self.cluster.fewest_nodes < self.cluster.nodes:
             self._check_shrink()
         self._check_torchrun_env(world)
-        self._check_script_batch(world)
 
     def _check_script_batch(self, world: int) -> None:
         """script.global_batch: a script of the user's, and a global batch its ranks can share."""

@@ -108,6 +108,8 @@ def test_a_node_range_for_a_script_needs_its_global_batch_and_one_that_splits() 
         compose_config(*SCRIPT, "cluster.min_nodes=2", "script.global_batch=33")
     with pytest.raises(ConfigError, match=r"script.global_batch=40 does not split over the 3 ranks"):
         compose_config(*SCRIPT, "script.global_batch=40")
+    with pytest.raises(ConfigError, match=r"script.global_batch=40 does not split over the 3 ranks"):
+        compose_config(*SCRIPT, "script.global_batch=40", "cluster.min_nodes=2")  # not the trainer's batch
     with pytest.raises(ConfigError, match=r"script.global_batch=48 is the global batch of a script of your own"):
         compose_config("cluster=slurm", "script.global_batch=48")
 
