@@ -26,6 +26,7 @@ TORCH = "torch==2.13.0"  # first, on its own: an unpinned torch would pull GBs o
 EXAMPLES = [
     "__init__.py",
     "ddp_tutorial.py",
+    "global_batch_loop.py",
     "hf_trainer.py",
     "lightning_script.py",
     "preemptible_loop.py",
