@@ -31,14 +31,19 @@ batch trained twice or left out moves this loop's weights by far more: 0.28 and 
 skipped in 60, computed in one process with the same sampler)."""
 
 
-def command(run_dir: Path, out: Path, ranks: int, *extra: str) -> list[str]:
-    args = ",".join(["--out", str(out), "--steps", str(STEPS), "--samples", str(out), "--per-rank", "8", *extra])
+LOOP = "script.module=hpc_train.examples.global_batch_loop"
+
+
+def command(run_dir: Path, out: Path, ranks: int, script: str = LOOP, args: str = "") -> list[str]:
+    """A local run of ``script`` on ``ranks`` ranks with script.global_batch=BATCH; ``args``: the script's (by
+    default the example loop's: STEPS steps, 8 a rank, its sample logs in ``out``)."""
+    args = args or f"--out,{out},--steps,{STEPS},--samples,{out},--per-rank,8"
     return [
         sys.executable,
         "-m",
         "hpc_train",
         f"hydra.run.dir={run_dir}",
-        "script.module=hpc_train.examples.global_batch_loop",
+        script,
         f"script.args=[{args}]",
         f"script.global_batch={BATCH}",
         "cluster=local",
@@ -61,17 +66,29 @@ def trained(out: Path) -> dict[int, list[int]]:
     return {step: sorted(samples) for step, samples in steps.items()}
 
 
+def stopped_at_step(argv: list[str], out: Path, step: int, timeout: float) -> None:
+    """Start the run, Ctrl-C its launcher once rank 0 has reached ``step`` (``timeout`` at most), and wait for the
+    ranks to stop."""
+    launcher = start_in_foreground(argv)
+    wait_for_step(out, 1, step, timeout=timeout, alive=lambda: launcher.poll() is None)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 130, err[-3000:]
+
+
+def weights_apart(final: Path, expected: Path) -> float:
+    """The largest difference between two saved state dicts, tensor by tensor."""
+    a, b = (torch.load(p, weights_only=True) for p in (final, expected))
+    return max((a[k] - b[k]).abs().max().item() for k in b)
+
+
 def test_a_scripts_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_every_step(tmp_path: Path) -> None:
     base = tmp_path / "baseline"
     base.mkdir()
     baseline = Background(command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
-    launcher = start_in_foreground(command(run_dir, out, 2))
-    wait_for_step(out, 1, 20, timeout=180, alive=lambda: launcher.poll() is None)
-    launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 130, err[-3000:]
+    stopped_at_step(command(run_dir, out, 2), out, 20, timeout=180)
     stopped = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     assert 20 <= stopped < STEPS
 
@@ -85,9 +102,8 @@ def test_a_scripts_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_ev
     said = (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
     assert f"step {stopped}: global batch 16 = 8 a rank x 1 rank x 2 accumulated" in said, said[-2000:]
 
-    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
     assert trained(out) == trained(base) and sorted(trained(out)) == list(range(1, STEPS + 1))
-    worst = max((final[k] - expected[k]).abs().max().item() for k in expected)
+    worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
     print(f"stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")
 
@@ -95,9 +111,7 @@ def test_a_scripts_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_ev
 def test_a_script_that_says_it_keeps_a_global_batch_but_does_not_ask_ends_at_its_first_step(tmp_path: Path) -> None:
     out = tmp_path / "out"
     loop = REPO / "hpc_train" / "examples" / "preemptible_loop.py"
-    argv = command(tmp_path / "run", out, 2)
-    argv[argv.index("script.module=hpc_train.examples.global_batch_loop")] = f"script.path={loop}"
-    argv[argv.index(next(a for a in argv if a.startswith("script.args=")))] = f"script.args=[--out,{out}]"
+    argv = command(tmp_path / "run", out, 2, script=f"script.path={loop}", args=f"--out,{out}")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     said = done.stdout + done.stderr
@@ -123,13 +137,8 @@ def read_batches(out: Path, attempts: list[tuple[int, int, int]], ranks: list[in
 
 
 def hf_command(run_dir: Path, out: Path, ranks: int) -> list[str]:
-    argv = command(run_dir, out, ranks)
-    argv[argv.index("script.module=hpc_train.examples.global_batch_loop")] = (
-        "script.module=hpc_train.examples.hf_trainer"
-    )
-    hf_args = f"[--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02]"
-    argv[argv.index(next(a for a in argv if a.startswith("script.args=")))] = f"script.args={hf_args}"
-    return argv
+    hf_args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02"
+    return command(run_dir, out, ranks, script="script.module=hpc_train.examples.hf_trainer", args=hf_args)
 
 
 @needs("transformers", "accelerate")
@@ -141,11 +150,7 @@ def test_a_hugging_face_run_stopped_on_two_ranks_ends_on_one_with_the_same_sampl
     baseline = Background(hf_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
-    launcher = start_in_foreground(hf_command(run_dir, out, 2))
-    wait_for_step(out, 1, 20, timeout=240, alive=lambda: launcher.poll() is None)
-    launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 130, err[-3000:]
+    stopped_at_step(hf_command(run_dir, out, 2), out, 20, timeout=240)
     stopped = _stopped_at(out)
     resumed = subprocess.run(hf_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -157,8 +162,7 @@ def test_a_hugging_face_run_stopped_on_two_ranks_ends_on_one_with_the_same_sampl
     steps = read_batches(out, [(0, stopped, 1), (stopped, STEPS, 2)], [2, 1])
     assert sorted(steps) == list(range(1, STEPS + 1)) and all(len(s) == BATCH for s in steps.values())
     assert steps == read_batches(base, [(0, STEPS, 1)], [2])
-    final, expected = (torch.load(p, weights_only=True) for p in (out / "final.pt", baseline.ready()))
-    worst = max((final[k] - expected[k]).abs().max().item() for k in expected)
+    worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
     print(f"Hugging Face: stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")
 
