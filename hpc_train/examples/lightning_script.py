@@ -8,7 +8,13 @@ records each attempt's first step (``starts.txt``), the step reached (``step.txt
 mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at`` makes the
 first attempt send itself the preemption signal at a given step, for tests that need the stop at one place.
 ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
-variables it gives the script name it).
+variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
+optimizer step it counts towards and its samples (``attempt<A>.rank<R>.txt``), for tests that compare the
+data order across shapes.
+
+With ``script.global_batch`` (say 16: 8 a rank on 2 ranks), hpc_train's callback sets ``accumulate_grad_batches``
+to keep it on whatever rank count the run gets (2 on one rank), and a stop checkpoint resumes on another rank
+count at the next step: the DistributedSampler gives step t the same 16 samples on any rank count.
 """
 
 import argparse
@@ -29,8 +35,8 @@ class Regression(pl.LightningModule):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch  # the third: the samples' indices, for --samples
         return torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -40,7 +46,7 @@ class Regression(pl.LightningModule):
         generator = torch.Generator().manual_seed(1)
         x = torch.randn(256, 8, generator=generator)
         y = x.sum(-1) + 0.1 * torch.randn(256, generator=generator)
-        data = torch.utils.data.TensorDataset(x, y)
+        data = torch.utils.data.TensorDataset(x, y, torch.arange(256))
         # Shuffled by a seeded sampler: the order of an epoch is a function of (seed, epoch), so a resumed run
         # draws the same one. (shuffle=True would draw it from the global RNG, which Lightning does not save.)
         sampler = torch.utils.data.DistributedSampler(data, shuffle=True, seed=0)
@@ -52,10 +58,15 @@ class Regression(pl.LightningModule):
 class Progress(pl.Callback):
     """Test instrumentation: paces the steps and tells the test where the run is."""
 
-    def __init__(self, out: str, sleep: float, signal_at: int) -> None:
+    def __init__(self, out: str, sleep: float, signal_at: int, samples: str = "") -> None:
         self.out, self.sleep, self.started, self.signal_at = out, sleep, False, signal_at
+        self.samples = samples
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.samples:  # the optimizer step this batch counts towards, and its samples
+            name = f"attempt{preemption.restart_count()}.rank{trainer.global_rank}.txt"
+            with open(os.path.join(self.samples, name), "a") as f:
+                f.write(" ".join(str(i) for i in [trainer.global_step + 1, *batch[2].tolist()]) + "\n")
         if trainer.is_global_zero and not self.started:
             with open(os.path.join(self.out, "starts.txt"), "a") as f:
                 f.write(f"{trainer.global_step}\n")
@@ -87,6 +98,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.05)
     parser.add_argument("--signal-at", type=int, default=-1, help="the first attempt signals itself at this step")
     parser.add_argument("--logger", choices=["none", "mlflow"], default="none")
+    parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -100,7 +112,7 @@ def main() -> None:
         use_distributed_sampler=False,  # the loader brings its own DistributedSampler
         max_steps=args.steps,
         default_root_dir=args.out,  # where the callback's hpc_ckpt_<step>.ckpt files go: this run's own folder
-        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.signal_at)],
+        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.signal_at, args.samples)],
         logger=_logger(args.logger),
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -49,9 +49,11 @@ from typing import Any, TypedDict
 
 import torch
 
+from hpc_train.core.batch import GLOBAL_BATCH_VARIABLE
 from hpc_train.core.errors import ConfigError, DistEnvironmentError
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
+from hpc_train.runtime.global_batch import GlobalBatch
 from hpc_train.runtime.script_clock import TrackerFigures
 
 try:
@@ -147,6 +149,10 @@ class PreemptionCallback(pl.Callback):
         self._saving: dict[str, Any] = {}
         self._resume: dict[str, Any] = {}
         self._random_pending: dict[str, Any] | None = None
+        self._by_skip = False
+        """The resumed epoch's loaders are positioned by skipping in their samplers, their own saved state set aside."""
+        self._skipped_epoch: int | None = None
+        """The epoch whose loaders this attempt positioned by skipping (their own state then counts from the skip)."""
         self._stragglers = TrackerFigures()
         """Rank 0: the straggler figures of its worker's verdicts, for Lightning's own loggers."""
 
@@ -164,24 +170,50 @@ class PreemptionCallback(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
 
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Before Lightning restores its loops: a stop checkpoint resumed on another rank count (or one whose epoch
+        was positioned by skipping) sets the loaders' own saved state aside, since it counts another shape's
+        batches (or those after the skip); the resumed epoch is then positioned by skipping, in ``on_train_start``."""
+        saved = checkpoint.get("callbacks", {}).get(self.state_key, {})
+        if "random" not in saved:
+            return
+        self._by_skip = len(saved["random"]) != trainer.world_size or bool(saved.get("skipped"))
+        if self._by_skip:
+            fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+            fit_loop.get("state_dict", {}).pop("combined_loader", None)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         preemption.reclaim_signals()
+        if os.environ.get(GLOBAL_BATCH_VARIABLE):
+            _keep_global_batch(trainer)
         resume, self._resume = self._resume, {}
         if "random" not in resume:  # not a stop checkpoint of this callback: Lightning's own resume
             return
         if trainer.is_global_zero:
             _restore_history(trainer, resume.get("history", {}))
-        world = trainer.world_size
-        if len(resume["random"]) != world:
+        then, world = len(resume["random"]), trainer.world_size
+        batches = int(resume["batches"])
+        if then == world:
+            self._random_pending = resume["random"][trainer.global_rank]
+        elif os.environ.get(GLOBAL_BATCH_VARIABLE) and "accumulate" in resume:
+            batches = _rescale_batches(trainer, batches, int(resume["accumulate"]))
             _warn(
                 trainer,
-                f"the stop checkpoint was written by {len(resume['random'])} ranks and {world} resume it: the "
-                "random state and the rest of the epoch start afresh",
+                f"the stop checkpoint was written by {then} ranks and {world} resume it, with the same global "
+                "batch and data order: each rank's random state (dropout, augmentations) starts afresh",
+            )
+        else:
+            _warn(
+                trainer,
+                f"the stop checkpoint was written by {then} ranks and {world} resume it: the random state and the "
+                "rest of the epoch start afresh",
             )
             return
-        self._random_pending = resume["random"][trainer.global_rank]
         if trainer.current_epoch == resume["epoch"]:
-            _skip_trained_batches(trainer, int(resume["batches"]))
+            _skip_trained_batches(trainer, batches, stateful_too=self._by_skip)
+            self._skipped_epoch = trainer.current_epoch if self._by_skip else None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -213,6 +245,8 @@ class PreemptionCallback(pl.Callback):
         self._saving = {
             "epoch": trainer.current_epoch,
             "batches": batch_idx + 1,  # of this epoch, trained
+            "accumulate": trainer.accumulate_grad_batches,
+            "skipped": self._skipped_epoch == trainer.current_epoch,
             "random": _gather(trainer, _random_state()),
             "history": _history(trainer),
         }
@@ -352,10 +386,59 @@ class _SkipFirst:
         return getattr(self.inner, name)
 
 
-def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
+def _keep_global_batch(trainer: pl.Trainer) -> None:
+    """``script.global_batch`` on today's ranks: the ``accumulate_grad_batches`` that makes it with the train
+    loader's own batch size, set before the first batch (as Lightning's ``GradientAccumulationScheduler`` does)."""
+    fit_loop = trainer.fit_loop
+    loaders = fit_loop._combined_loader.flattened if fit_loop._combined_loader is not None else []
+    sizes = {_batch_size(loader) for loader in loaders}
+    if len(sizes) != 1 or None in sizes:
+        raise ConfigError(
+            f"script.global_batch={os.environ[GLOBAL_BATCH_VARIABLE]} needs one train DataLoader with a batch_size "
+            f"to split it by, and this Trainer trains on {len(loaders)} loader(s) with batch sizes "
+            f"{sorted(sizes, key=str)}. HINT: give the train DataLoader a batch_size, or drop script.global_batch "
+            "(and cluster.min_nodes)"
+        )
+    (per_rank,) = sizes
+    assert per_rank is not None
+    was = int(trainer.accumulate_grad_batches)
+    steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+    batch = GlobalBatch.accumulating(per_rank, was, steps, batch_key="the train DataLoader's batch_size")
+    trainer.accumulate_grad_batches = batch.accumulate
+    if trainer.is_global_zero:
+        print(f"hpc_train: {batch.describe()} (accumulate_grad_batches {was} -> {batch.accumulate})", flush=True)
+
+
+def _batch_size(loader: Any) -> int | None:
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def _rescale_batches(trainer: pl.Trainer, batches: int, accumulated: int) -> int:
+    """A stop checkpoint written with ``accumulated`` micro-batches a step, resumed with today's accumulation: the
+    epoch loop's batch counts, in micro-batches, become today's for the same optimizer steps (Lightning steps the
+    optimizer when the count is a multiple of the accumulation). Returns ``batches``, the resumed epoch's batches
+    done, in today's."""
+    now = int(trainer.accumulate_grad_batches)
+
+    def rescaled(done: int) -> int:
+        return done // accumulated * now + done % accumulated
+
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    for tracker in (progress.total, progress.current):
+        ready = tracker.ready  # the others lag it by the stages a batch had not finished at the save
+        for name in ("started", "processed", "completed", "ready"):
+            setattr(tracker, name, rescaled(ready) - (ready - getattr(tracker, name)))
+    return rescaled(batches)
+
+
+def _skip_trained_batches(trainer: pl.Trainer, batches: int, stateful_too: bool = False) -> None:
     """Continue the resumed epoch at its next batch. Lightning counts the batches already trained, but draws them
     again from a fresh iterator; here the train loaders' samplers skip them instead, in the order of this epoch
-    (set first: Lightning sets it only after this hook), and the iterators are made anew."""
+    (set first: Lightning sets it only after this hook), and the iterators are made anew. A stateful loader
+    restores its own position, unless ``stateful_too`` (its saved state was set aside: ``on_load_checkpoint``)."""
     # Lightning's private helpers, only when a resumed epoch skips its trained batches
     from lightning.fabric.utilities.data import _set_sampler_epoch
     from lightning.fabric.utilities.types import _Stateful
@@ -365,7 +448,7 @@ def _skip_trained_batches(trainer: pl.Trainer, batches: int) -> None:
     loaders = fit_loop._combined_loader.flattened if fit_loop._combined_loader is not None else []
     skipped = False
     for loader in loaders:
-        if not isinstance(loader, DataLoader) or isinstance(loader, _Stateful):
+        if not isinstance(loader, DataLoader) or (isinstance(loader, _Stateful) and not stateful_too):
             continue  # a stateful loader restores its own position
         if isinstance(loader.dataset, IterableDataset):
             continue  # its order is the dataset's own: no sampler to skip in

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from hpc_train.core.batch import GLOBAL_BATCH_VARIABLE
-from hpc_train.core.errors import ConfigError
 from hpc_train.integrations import newest
 from hpc_train.runtime import preemption
 from hpc_train.runtime.global_batch import GlobalBatch
@@ -101,16 +100,8 @@ def _keep_global_batch(args: TrainingArguments) -> None:
     """``script.global_batch`` on today's ranks: the accumulation that makes it with the script's per-device batch
     (module docstring), set on ``args`` before the Trainer builds its loader."""
     per_device, was = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    batch = GlobalBatch.of(per_rank=per_device, accumulate=was, steps=args.max_steps if args.max_steps > 0 else None)
-    if batch.per_rank != per_device:
-        share = batch.size // batch.ranks
-        raise ConfigError(
-            f"script.global_batch={batch.size} on the {batch.ranks} ranks training now is {share} samples a rank a "
-            f"step, which per_device_train_batch_size={per_device} does not divide, and the Trainer's per-device "
-            f"batch is fixed once it is built. HINT: set per_device_train_batch_size to a number that divides "
-            f"script.global_batch / ranks for every rank count the run may train on (here {share}), or keep "
-            "the node count fixed (drop cluster.min_nodes)"
-        )
+    steps = args.max_steps if args.max_steps > 0 else None
+    batch = GlobalBatch.accumulating(per_device, was, steps, batch_key="per_device_train_batch_size")
     args.gradient_accumulation_steps = batch.accumulate
     if batch.rank == 0:
         print(f"hpc_train: {batch.describe()} (gradient_accumulation_steps {was} -> {batch.accumulate})", flush=True)

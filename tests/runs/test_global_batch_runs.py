@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ STEPS, BATCH = 60, 16
 TOLERANCE = 1e-5
 """The weights of the run stopped on 2 ranks and finished on 1 against the uninterrupted 2-rank run: the same
 samples every step, their gradients summed in another order (2 ranks' (a + b) / 2 against one rank's a / 2 +
-b / 2). Measured: 0, since halving is exact in binary floating point; other rank counts agree to rounding. A
+b / 2). Measured: 0 for the loop and the Hugging Face example, since halving is exact in binary floating point;
+8.9e-08 for the Lightning example (its loss scaling and DDP's averaging round in another order); other rank
+counts agree to rounding. A
 batch trained twice or left out moves this loop's weights by far more: 0.28 and 0.27 (step 25 replayed or
 skipped in 60, computed in one process with the same sampler)."""
 
@@ -76,6 +79,20 @@ def stopped_at_step(argv: list[str], out: Path, step: int, timeout: float) -> No
     assert launcher.returncode == 130, err[-3000:]
 
 
+def baseline_and_stopped(
+    tmp_path: Path, make: Callable[[Path, Path, int], list[str]], timeout: float
+) -> tuple[Background, Path, Path]:
+    """The uninterrupted 2-rank run of ``make``'s command (in the background) and a run of it stopped on 2 ranks
+    at step 20 or a little after: the baseline, and the stopped run's run dir and output folder."""
+    base = tmp_path / "baseline"
+    base.mkdir()
+    baseline = Background(make(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    stopped_at_step(make(run_dir, out, 2), out, 20, timeout=timeout)
+    return baseline, run_dir, out
+
+
 def weights_apart(final: Path, expected: Path) -> float:
     """The largest difference between two saved state dicts, tensor by tensor."""
     a, b = (torch.load(p, weights_only=True) for p in (final, expected))
@@ -83,12 +100,8 @@ def weights_apart(final: Path, expected: Path) -> float:
 
 
 def test_a_scripts_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_every_step(tmp_path: Path) -> None:
+    baseline, run_dir, out = baseline_and_stopped(tmp_path, command, timeout=180)
     base = tmp_path / "baseline"
-    base.mkdir()
-    baseline = Background(command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    stopped_at_step(command(run_dir, out, 2), out, 20, timeout=180)
     stopped = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
     assert 20 <= stopped < STEPS
 
@@ -146,11 +159,8 @@ def test_a_hugging_face_run_stopped_on_two_ranks_ends_on_one_with_the_same_sampl
     """The Hugging Face example (8 a device, script.global_batch=16): the callback sets the Trainer's accumulation
     to 2 on one rank; the Trainer's own sampler and accelerate's sharding keep the order, and its resume skips
     the steps done."""
+    baseline, run_dir, out = baseline_and_stopped(tmp_path, hf_command, timeout=240)
     base = tmp_path / "baseline"
-    baseline = Background(hf_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    stopped_at_step(hf_command(run_dir, out, 2), out, 20, timeout=240)
     stopped = _stopped_at(out)
     resumed = subprocess.run(hf_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -171,3 +181,32 @@ def _stopped_at(out: Path) -> int:
     """The step of the Trainer's stop checkpoint (checkpoint-<step>, marked complete by the callback)."""
     (folder,) = (out / "checkpoints").glob("checkpoint-*")
     return int(folder.name.split("-")[1])
+
+
+def lightning_command(run_dir: Path, out: Path, ranks: int) -> list[str]:
+    args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02"
+    return command(run_dir, out, ranks, script="script.module=hpc_train.examples.lightning_script", args=args)
+
+
+@needs("lightning", "torchdata")
+def test_a_lightning_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_every_step(tmp_path: Path) -> None:
+    """The Lightning example (8 a rank, a seeded DistributedSampler, a StatefulDataLoader, script.global_batch=16):
+    the callback sets accumulate_grad_batches to 2 on one rank, sets the loader's 2-rank state aside and skips the
+    resumed epoch's trained batches in the sampler, rescaled to the new accumulation."""
+    baseline, run_dir, out = baseline_and_stopped(tmp_path, lightning_command, timeout=240)
+    base = tmp_path / "baseline"
+    (saved,) = out.glob("hpc_ckpt_*.ckpt")
+    stopped = int(saved.stem.split("_")[-1])
+    assert 20 <= stopped < STEPS and stopped % 16, f"stopped at step {stopped}: not mid-epoch (16 steps an epoch)"
+
+    resumed = subprocess.run(lightning_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = resumed.stdout + (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
+    assert "hpc_train: global batch 16 = 8 a rank x 1 rank x 2 accumulated (accumulate_grad_batches 1 -> 2)" in said
+    assert "written by 2 ranks and 1 resume it, with the same global batch and data order" in said, said[-3000:]
+    assert (out / "starts.txt").read_text().split() == ["0", str(stopped)]
+
+    assert trained(out) == trained(base) and sorted(trained(out)) == list(range(1, STEPS + 1))
+    worst = weights_apart(out / "final.pt", baseline.ready())
+    assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
+    print(f"Lightning: stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")

@@ -82,6 +82,18 @@ def test_the_split_keeps_the_per_rank_batch_where_it_can(monkeypatch: pytest.Mon
     assert GlobalBatch.of(per_rank=8, accumulate=2).size == 80
 
 
+def test_a_framework_that_fixes_its_per_rank_batch_only_accumulates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hugging Face and Lightning integrations: their loader's batch is built, so only the accumulation
+    may change, and a share it does not divide is refused with the key to change."""
+    monkeypatch.setenv("HPC_TRAIN_GLOBAL_BATCH", "48")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    one = GlobalBatch.accumulating(16, 1, None, batch_key="per_device_train_batch_size")
+    assert (one.per_rank, one.accumulate) == (16, 3)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # 24 a rank: 16 does not divide it
+    with pytest.raises(ConfigError, match=r"24 samples a rank a step, which per_device_train_batch_size=16 does not"):
+        GlobalBatch.accumulating(16, 1, None, batch_key="per_device_train_batch_size")
+
+
 def test_a_script_that_says_it_keeps_a_global_batch_but_never_asks_ends_at_its_first_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
