@@ -4,9 +4,10 @@
 
 A small regression model on random data, several epochs, shuffled by a seeded DistributedSampler and served
 by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next batch. On rank 0 it
-records each attempt's first step (``starts.txt``), the step reached (``step.txt``, for tests that signal
-mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at`` makes the
-first attempt send itself the preemption signal at a given step, for tests that need the stop at one place.
+records each attempt's first step (``starts.txt``) and rank count (``ranks.txt``), the step reached (``step.txt``, for tests that signal
+mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at A --signal-at B`` makes
+the first attempt send itself the preemption signal at step A, the second at B, and so on, for tests that need
+the stops at known places.
 ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
 variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
 optimizer step it counts towards and its samples (``attempt<A>.rank<R>.txt``), for tests that compare the
@@ -14,7 +15,8 @@ data order across shapes.
 
 With ``script.global_batch`` (say 16: 8 a rank on 2 ranks), hpc_train's callback sets ``accumulate_grad_batches``
 to keep it on whatever rank count the run gets (2 on one rank), and a stop checkpoint resumes on another rank
-count at the next step: the DistributedSampler gives step t the same 16 samples on any rank count.
+count at the next step: the DistributedSampler gives step t the same 16 samples on any rank count, as long as
+the data set (``--data``) is a whole number of global batches, so that every rank count splits an epoch alike.
 """
 
 import argparse
@@ -31,8 +33,9 @@ from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint
 
 
 class Regression(pl.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, samples: int = 256) -> None:
         super().__init__()
+        self.samples = samples
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -44,9 +47,9 @@ class Regression(pl.LightningModule):
 
     def train_dataloader(self) -> StatefulDataLoader:
         generator = torch.Generator().manual_seed(1)
-        x = torch.randn(256, 8, generator=generator)
-        y = x.sum(-1) + 0.1 * torch.randn(256, generator=generator)
-        data = torch.utils.data.TensorDataset(x, y, torch.arange(256))
+        x = torch.randn(self.samples, 8, generator=generator)
+        y = x.sum(-1) + 0.1 * torch.randn(self.samples, generator=generator)
+        data = torch.utils.data.TensorDataset(x, y, torch.arange(self.samples))
         # Shuffled by a seeded sampler: the order of an epoch is a function of (seed, epoch), so a resumed run
         # draws the same one. (shuffle=True would draw it from the global RNG, which Lightning does not save.)
         sampler = torch.utils.data.DistributedSampler(data, shuffle=True, seed=0)
@@ -58,9 +61,10 @@ class Regression(pl.LightningModule):
 class Progress(pl.Callback):
     """Test instrumentation: paces the steps and tells the test where the run is."""
 
-    def __init__(self, out: str, sleep: float, signal_at: int, samples: str = "") -> None:
-        self.out, self.sleep, self.started, self.signal_at = out, sleep, False, signal_at
-        self.samples = samples
+    def __init__(self, out: str, sleep: float, signal_at: list[int], samples: str = "") -> None:
+        self.out, self.sleep, self.started, self.samples = out, sleep, False, samples
+        attempt = preemption.restart_count()
+        self.signal_at = signal_at[attempt] if attempt < len(signal_at) else -1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.samples:  # the optimizer step this batch counts towards, and its samples
@@ -70,11 +74,14 @@ class Progress(pl.Callback):
         if trainer.is_global_zero and not self.started:
             with open(os.path.join(self.out, "starts.txt"), "a") as f:
                 f.write(f"{trainer.global_step}\n")
+            with open(os.path.join(self.out, "ranks.txt"), "a") as f:
+                f.write(f"{trainer.world_size}\n")
         self.started = True
         time.sleep(self.sleep)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.signal_at and preemption.restart_count() == 0:
+        if trainer.global_step == self.signal_at:
+            self.signal_at = -1  # once (the step stays while batches accumulate)
             os.kill(os.getpid(), signal.SIGUSR2)  # as Slurm would, on every rank
         if trainer.is_global_zero:
             with open(os.path.join(self.out, "step.txt"), "w") as f:
@@ -96,9 +103,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sleep", type=float, default=0.05)
-    parser.add_argument("--signal-at", type=int, default=-1, help="the first attempt signals itself at this step")
+    parser.add_argument(
+        "--signal-at", type=int, action="append", default=[], help="attempt k signals itself at the k-th given step"
+    )
     parser.add_argument("--logger", choices=["none", "mlflow"], default="none")
     parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
+    parser.add_argument("--data", type=int, default=256, help="samples in the data set")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -112,13 +122,16 @@ def main() -> None:
         use_distributed_sampler=False,  # the loader brings its own DistributedSampler
         max_steps=args.steps,
         default_root_dir=args.out,  # where the callback's hpc_ckpt_<step>.ckpt files go: this run's own folder
-        callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.signal_at, args.samples)],
+        callbacks=[
+            PreemptionCallback(),
+            Progress(args.out, args.sleep, args.signal_at, args.samples),
+        ],
         logger=_logger(args.logger),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = Regression()
+    model = Regression(args.data)
     trainer.fit(model, ckpt_path=last_checkpoint(args.out))
     if trainer.is_global_zero:
         torch.save(model.state_dict(), os.path.join(args.out, "final.pt"))

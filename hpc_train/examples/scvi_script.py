@@ -48,7 +48,7 @@ def main() -> None:
         accelerator="cpu",
         **trainer_shape(),  # hpc_train: devices and num_nodes = the ranks hpc_train started
         strategy="ddp_find_unused_parameters_true",  # hpc_train: DDP over them (bit-identical resume)
-        callbacks=[PreemptionCallback(), Progress(args.out, 0.0, args.signal_at)],  # hpc_train: stop, save, requeue
+        callbacks=[PreemptionCallback(), Progress(args.out, 0.0, [args.signal_at])],  # hpc_train: stop, save, requeue
         default_root_dir=args.out,  # hpc_train: this run's own folder for the hpc_ckpt_<step>.ckpt files
         log_save_dir=args.out,  # hpc_train: and for scvi's history.pkl, which other ranks read (default: ./)
         ckpt_path=last_checkpoint(args.out),  # hpc_train: resume from the newest (None on the first attempt)

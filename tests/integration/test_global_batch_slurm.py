@@ -1,5 +1,7 @@
-"""A user's torchrun loop on whatever nodes the queue gives (issue 55), on the real testbed (partition all: node1,
-node2 and node3): hpc_train/examples/global_batch_loop.py with ``script.global_batch``.
+"""A user's own training code on whatever nodes the queue gives (issue 55), on the real testbed (partition all:
+node1, node2 and node3): the torchrun loop (hpc_train/examples/global_batch_loop.py, through
+``hpc_train.global_batch``) and the Lightning script (hpc_train/examples/lightning_script.py, through the
+callback's accumulation), each with ``script.global_batch``.
 
 Another job holds node3. The script's run asks for 2-3 nodes and starts at once on node1 and node2; preempted
 (USR2), it comes back on what is free, 2 nodes again; once node3 is free its own growth check (every 6 s here),
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,40 +28,59 @@ from .test_queue_shape_slurm import back_again, hold, squeue
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
-STEPS = 500
-"""On 2 nodes a step is 2 micro-batches of 12 a rank (0.08 s each, --sleep), on 3 one of 16: enough steps left
-after the return on 2 for the growth's estimate to find a third node worth a requeue."""
+
+@dataclass(frozen=True)
+class Example:
+    """One of the examples with ``script.global_batch=48``, and the arguments that pace it for this test."""
+
+    module: str
+    steps: int
+    args: str
+
+    def job(self, out: Path, *extra: str) -> list[str]:
+        return [
+            "cluster=slurm",
+            "cluster.partition=all",
+            "cluster.nodes=3",
+            "cluster.tasks_per_node=1",
+            "cluster.slurm.mem=1G",  # without it a job takes a whole node's memory, and the baseline could not run
+            "cluster.status_every_s=1",
+            f"script.module=hpc_train.examples.{self.module}",
+            f"script.args=[--out,{out},--samples,{out},--steps,{self.steps},{self.args}]",
+            "script.global_batch=48",
+            *extra,
+        ]
+
+
+EXAMPLES = {
+    # On 2 nodes a step is 2 micro-batches of 12 a rank (0.08 s each, --sleep), on 3 one of 16: enough steps left
+    # after the return on 2 for the growth's estimate to find a third node worth a requeue.
+    "loop": Example("global_batch_loop", 500, "--per-rank,16,--sleep,0.08"),
+    # The loader's batch is 8: 3 micro-batches a step on 2 nodes, 2 on 3 (0.1 s each); 480 samples, 10 steps an
+    # epoch on either, so the stops and the growth land mid-epoch and across epochs.
+    "lightning": Example("lightning_script", 300, "--sleep,0.1,--data,480"),
+}
 TOLERANCE = 1e-4
 """The run (2, 2, then 3 nodes) against the uninterrupted 3-node run: the same samples each step, the gradient
 means taken over 2 or 3 ranks in other orders, so rounding only (measured in the test's output); a batch
-trained twice or left out moves this loop by about 0.3 (tests/runs/test_global_batch_runs.py)."""
+trained twice or left out moves the loop by about 0.3 (tests/runs/test_global_batch_runs.py)."""
 
 
-def job(out: Path, *extra: str) -> list[str]:
-    args = f"[--out,{out},--steps,{STEPS},--per-rank,16,--sleep,0.08,--samples,{out}]"
-    return [
-        "cluster=slurm",
-        "cluster.partition=all",
-        "cluster.nodes=3",
-        "cluster.tasks_per_node=1",
-        "cluster.slurm.mem=1G",  # without it a job takes a whole node's memory, and the baseline could not run
-        "cluster.status_every_s=1",
-        "script.module=hpc_train.examples.global_batch_loop",
-        f"script.args={args}",
-        "script.global_batch=48",
-        *extra,
-    ]
-
-
-def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_every_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_every_step(
+    tmp_path: Path, name: str
+) -> None:
+    example = EXAMPLES[name]
+    if name == "lightning":
+        pytest.importorskip("lightning")
     out, base = tmp_path / "out", tmp_path / "base"
     out.mkdir()
     base.mkdir()
     holder = hold("node3")
     try:
         run_dir = tmp_path / "run"
-        job_id = submit_job(run_dir, *job(out, "cluster.min_nodes=2", "cluster.slurm.grow_every_min=0.1"))
-        baseline = Baseline(submit_job(tmp_path / "baseline", *job(base)), base / "final.pt", timeout=600)
+        job_id = submit_job(run_dir, *example.job(out, "cluster.min_nodes=2", "cluster.slurm.grow_every_min=0.1"))
+        baseline = Baseline(submit_job(tmp_path / "baseline", *example.job(base)), base / "final.pt", timeout=600)
         deadline = time.monotonic() + 60
         while squeue(job_id) != ("RUNNING", 2):
             assert time.monotonic() < deadline, f"the 2-3 node job did not start on the 2 free nodes: {squeue(job_id)}"
@@ -85,10 +107,10 @@ def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_
     assert "asked for 2-3 nodes, got 2" in started.why and "asked for 2-3 nodes, got 3" in grew.why, (started, grew)
 
     steps = trained(out)  # (every step once: a step in two attempts' logs fails here)
-    assert sorted(steps) == list(range(1, STEPS + 1)) and steps == trained(base)
+    assert sorted(steps) == list(range(1, example.steps + 1)) and steps == trained(base)
     worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted 3-node run's"
     print(
-        f"\n2-3 nodes, a script: started on 2, stopped at step {first}, back on 2, grew at {second}, back on 3 to "
-        f"{STEPS}; weights within {worst:.1e} of the uninterrupted 3-node run\n{decision}"
+        f"\n2-3 nodes, {name}: started on 2, stopped at step {first}, back on 2, grew at {second}, back on 3 to "
+        f"{example.steps}; weights within {worst:.1e} of the uninterrupted 3-node run\n{decision}"
     )

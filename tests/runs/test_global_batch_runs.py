@@ -183,30 +183,41 @@ def _stopped_at(out: Path) -> int:
     return int(folder.name.split("-")[1])
 
 
-def lightning_command(run_dir: Path, out: Path, ranks: int) -> list[str]:
-    args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02"
+def lightning_command(run_dir: Path, out: Path, ranks: int, signal_at: tuple[int, ...] = ()) -> list[str]:
+    signals = "".join(f",--signal-at,{step}" for step in signal_at)
+    args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02{signals}"
     return command(run_dir, out, ranks, script="script.module=hpc_train.examples.lightning_script", args=args)
 
 
 @needs("lightning", "torchdata")
 def test_a_lightning_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_every_step(tmp_path: Path) -> None:
-    """The Lightning example (8 a rank, a seeded DistributedSampler, a StatefulDataLoader, script.global_batch=16):
-    the callback sets accumulate_grad_batches to 2 on one rank, sets the loader's 2-rank state aside and skips the
-    resumed epoch's trained batches in the sampler, rescaled to the new accumulation."""
-    baseline, run_dir, out = baseline_and_stopped(tmp_path, lightning_command, timeout=240)
+    """The Lightning example (8 a rank, a seeded DistributedSampler, a StatefulDataLoader, script.global_batch=16,
+    16 steps an epoch): stopped on 2 ranks at step 20, resumed on 1, stopped again at 26 in the same epoch and
+    finished on 1. On one rank the callback sets accumulate_grad_batches to 2; the first resume sets the loader's
+    2-rank state aside and skips the epoch's trained batches in the sampler, rescaled to the new accumulation;
+    the second skips again, since the loader's own state then counts from the skip."""
     base = tmp_path / "baseline"
-    (saved,) = out.glob("hpc_ckpt_*.ckpt")
-    stopped = int(saved.stem.split("_")[-1])
-    assert 20 <= stopped < STEPS and stopped % 16, f"stopped at step {stopped}: not mid-epoch (16 steps an epoch)"
-
-    resumed = subprocess.run(lightning_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    said = resumed.stdout + (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
+    base.mkdir()
+    baseline = Background(lightning_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "base.log")
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    starts = [0]
+    for ranks in (2, 1, 1):
+        done = subprocess.run(
+            lightning_command(run_dir, out, ranks, signal_at=(20, 26)), capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        saved = sorted(out.glob("hpc_ckpt_*.ckpt"), key=lambda p: int(p.stem.split("_")[-1]))
+        if ranks == 2 or len(starts) == 2:
+            starts.append(int(saved[-1].stem.split("_")[-1]))
+    assert 20 <= starts[1] < 26 <= starts[2] < 32, f"the stops were at {starts[1:]}, not both in epoch 2 (17-32)"
+    said = (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
     assert "hpc_train: global batch 16 = 8 a rank x 1 rank x 2 accumulated (accumulate_grad_batches 1 -> 2)" in said
     assert "written by 2 ranks and 1 resume it, with the same global batch and data order" in said, said[-3000:]
-    assert (out / "starts.txt").read_text().split() == ["0", str(stopped)]
+    assert (out / "starts.txt").read_text().split() == [str(s) for s in starts]
+    assert (out / "ranks.txt").read_text().split() == ["2", "1", "1"]
 
     assert trained(out) == trained(base) and sorted(trained(out)) == list(range(1, STEPS + 1))
     worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
-    print(f"Lightning: stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")
+    print(f"Lightning: stopped at steps {starts[1:]} of {STEPS}, on 2 ranks then 1, finished on 1: within {worst:.1e}")
