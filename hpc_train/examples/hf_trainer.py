@@ -4,11 +4,12 @@
 
 A small regression model on random data, several epochs, shuffled by the Trainer's sampler; the model
 returns its loss as any transformers model does. On rank 0 it records each attempt's first step
-(``starts.txt``), the step reached (``step.txt``, for tests that signal mid-run) and, once it has trained
+(``starts.txt``) and rank count (``ranks.txt``), the step reached (``step.txt``, for tests that signal mid-run) and, once it has trained
 ``--steps`` steps, the weights (``final.pt``). ``--report-to mlflow,wandb`` logs to the run dir's tracker runs
 (hpc_train's ``tracking.*`` gives the script their ids); ``--save-steps`` checkpoints every that many steps, and
 ``--fail-at`` makes rank 0's first attempt raise at that step (for tests of a crash and its restart);
-``--samples DIR`` has each rank write the samples of every batch it reads (``DIR/attempt<A>.rank<R>.txt``).
+``--samples DIR`` has each rank write the samples of every batch it reads (``DIR/attempt<A>.rank<R>.txt``);
+``--data`` sets the data set's size and ``--batch-sleep`` paces each batch read (``--sleep`` paces each step).
 With ``script.global_batch`` it keeps that global batch on any node count (the callback sets the accumulation).
 """
 
@@ -33,11 +34,11 @@ class Regression(torch.nn.Module):
 
 
 class Samples(torch.utils.data.Dataset):
-    def __init__(self, n: int, log: str = "") -> None:
+    def __init__(self, n: int, log: str = "", sleep: float = 0.0) -> None:
         generator = torch.Generator().manual_seed(1)
         self.x = torch.randn(n, 8, generator=generator)
         self.y = self.x.sum(-1) + 0.1 * torch.randn(n, generator=generator)
-        self.log = log
+        self.log, self.sleep = log, sleep
 
     def __len__(self) -> int:
         return len(self.y)
@@ -49,6 +50,7 @@ class Samples(torch.utils.data.Dataset):
         if self.log:  # test instrumentation: the samples of each batch this rank reads, in order
             with open(self.log, "a") as f:
                 f.write(" ".join(map(str, indices)) + "\n")
+        time.sleep(self.sleep)  # --batch-sleep: a pace per batch, so a step of more accumulated batches takes longer
         return [self[i] for i in indices]
 
 
@@ -62,6 +64,8 @@ class Progress(TrainerCallback):
         if state.is_world_process_zero and not self.started:
             with open(os.path.join(self.out, "starts.txt"), "a") as f:
                 f.write(f"{state.global_step}\n")
+            with open(os.path.join(self.out, "ranks.txt"), "a") as f:
+                f.write(f"{args.world_size}\n")
         self.started = True
         time.sleep(self.sleep)
 
@@ -93,6 +97,8 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=0, help="0: only the stop checkpoint")
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
+    parser.add_argument("--data", type=int, default=256, help="samples in the data set")
+    parser.add_argument("--batch-sleep", type=float, default=0.0, help="seconds each batch takes to read")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -115,7 +121,7 @@ def main() -> None:
     trainer = Trainer(
         model=model,
         args=training,
-        train_dataset=Samples(256, samples_log(args.samples)),
+        train_dataset=Samples(args.data, samples_log(args.samples), args.batch_sleep),
         callbacks=[PreemptionCallback(), Progress(args.out, args.sleep, args.fail_at)],
     )
     trainer.train(resume_from_checkpoint=last_checkpoint(checkpoints))

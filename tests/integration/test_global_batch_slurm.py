@@ -1,7 +1,8 @@
 """A user's own training code on whatever nodes the queue gives (issue 55), on the real testbed (partition all:
 node1, node2 and node3): the torchrun loop (hpc_train/examples/global_batch_loop.py, through
-``hpc_train.global_batch``) and the Lightning script (hpc_train/examples/lightning_script.py, through the
-callback's accumulation), each with ``script.global_batch``.
+``hpc_train.global_batch``), the Lightning script (hpc_train/examples/lightning_script.py) and the Hugging Face
+Trainer script (hpc_train/examples/hf_trainer.py), through their callbacks' accumulation, each with
+``script.global_batch``.
 
 Another job holds node3. The script's run asks for 2-3 nodes and starts at once on node1 and node2; preempted
 (USR2), it comes back on what is free, 2 nodes again; once node3 is free its own growth check (every 6 s here),
@@ -22,7 +23,7 @@ import pytest
 from hpc_train.core.rundir import RunDir
 
 from ..conftest import wait_for_step
-from ..runs.test_global_batch_runs import trained, weights_apart
+from ..runs.test_global_batch_runs import read_batches, trained, weights_apart
 from .conftest import Baseline, submit_job, wait_for_job
 from .test_queue_shape_slurm import back_again, hold, squeue
 
@@ -36,6 +37,8 @@ class Example:
     module: str
     steps: int
     args: str
+    labelled: bool = True
+    """Its sample logs say the step of each batch; else (the Hugging Face example) they list the batches read."""
 
     def job(self, out: Path, *extra: str) -> list[str]:
         return [
@@ -59,6 +62,8 @@ EXAMPLES = {
     # The loader's batch is 8: 3 micro-batches a step on 2 nodes, 2 on 3 (0.1 s each); 480 samples, 10 steps an
     # epoch on either, so the stops and the growth land mid-epoch and across epochs.
     "lightning": Example("lightning_script", 300, "--sleep,0.1,--data,480"),
+    # The same split through the Trainer's gradient_accumulation_steps, paced per batch read.
+    "transformers": Example("hf_trainer", 300, "--sleep,0,--batch-sleep,0.1,--data,480", labelled=False),
 }
 TOLERANCE = 1e-4
 """The run (2, 2, then 3 nodes) against the uninterrupted 3-node run: the same samples each step, the gradient
@@ -71,8 +76,8 @@ def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_
     tmp_path: Path, name: str
 ) -> None:
     example = EXAMPLES[name]
-    if name == "lightning":
-        pytest.importorskip("lightning")
+    for needed in {"lightning": ["lightning"], "transformers": ["transformers", "accelerate"]}.get(name, []):
+        pytest.importorskip(needed)
     out, base = tmp_path / "out", tmp_path / "base"
     out.mkdir()
     base.mkdir()
@@ -106,8 +111,12 @@ def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_
     started, grew = rd.reshape_records()
     assert "asked for 2-3 nodes, got 2" in started.why and "asked for 2-3 nodes, got 3" in grew.why, (started, grew)
 
-    steps = trained(out)  # (every step once: a step in two attempts' logs fails here)
-    assert sorted(steps) == list(range(1, example.steps + 1)) and steps == trained(base)
+    if example.labelled:
+        steps, whole = trained(out), trained(base)  # (every step once: a step in two attempts' logs fails here)
+    else:  # accumulated 24 / 8 = 3 batches a step on 2 nodes, 16 / 8 = 2 on 3
+        steps = read_batches(out, [(0, first, 3), (first, second, 3), (second, example.steps, 2)], [2, 2, 3])
+        whole = read_batches(base, [(0, example.steps, 2)], [3])
+    assert sorted(steps) == list(range(1, example.steps + 1)) and steps == whole
     worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted 3-node run's"
     print(
