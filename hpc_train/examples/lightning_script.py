@@ -8,7 +8,8 @@ records each attempt's first step (``starts.txt``) and rank count (``ranks.txt``
 mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at A --signal-at B`` makes
 the first attempt send itself the preemption signal at step A, the second at B, and so on, for tests that need
 the stops at known places.
-``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
+``--save-every N`` adds Lightning's own ModelCheckpoint every N steps and ``--fail-at`` makes rank 0's first
+attempt raise at a step (for tests of a crash). ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
 variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
 optimizer step it counts towards and its samples (``attempt<A>.rank<R>.txt``), for tests that compare the
 data order across shapes.
@@ -61,8 +62,9 @@ class Regression(pl.LightningModule):
 class Progress(pl.Callback):
     """Test instrumentation: paces the steps and tells the test where the run is."""
 
-    def __init__(self, out: str, sleep: float, signal_at: list[int], samples: str = "") -> None:
+    def __init__(self, out: str, sleep: float, signal_at: list[int], samples: str = "", fail_at: int = 0) -> None:
         self.out, self.sleep, self.started, self.samples = out, sleep, False, samples
+        self.fail_at = fail_at if preemption.restart_count() == 0 else 0
         attempt = preemption.restart_count()
         self.signal_at = signal_at[attempt] if attempt < len(signal_at) else -1
 
@@ -86,6 +88,24 @@ class Progress(pl.Callback):
         if trainer.is_global_zero:
             with open(os.path.join(self.out, "step.txt"), "w") as f:
                 f.write(f"{trainer.global_step}\n")
+            if trainer.global_step == self.fail_at:
+                raise RuntimeError(f"failing at step {trainer.global_step} on purpose (--fail-at)")
+
+
+def _periodic(out: str, every: int) -> list[pl.Callback]:
+    """Lightning's own checkpoints every ``every`` steps, named as the callback's, so that ``last_checkpoint``
+    finds the newest of either (a crash resumes from the last of these)."""
+    if not every:
+        return []
+    return [
+        pl.callbacks.ModelCheckpoint(
+            dirpath=out,
+            filename="hpc_ckpt_{step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=every,
+            save_top_k=-1,
+        )
+    ]
 
 
 def _logger(name: str) -> pl.loggers.Logger | bool:
@@ -109,6 +129,8 @@ def main() -> None:
     parser.add_argument("--logger", choices=["none", "mlflow"], default="none")
     parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
     parser.add_argument("--data", type=int, default=256, help="samples in the data set")
+    parser.add_argument("--save-every", type=int, default=0, help="a ModelCheckpoint every that many steps")
+    parser.add_argument("--fail-at", type=int, default=0, help="rank 0's first attempt raises at this step")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -124,10 +146,11 @@ def main() -> None:
         default_root_dir=args.out,  # where the callback's hpc_ckpt_<step>.ckpt files go: this run's own folder
         callbacks=[
             PreemptionCallback(),
-            Progress(args.out, args.sleep, args.signal_at, args.samples),
+            Progress(args.out, args.sleep, args.signal_at, args.samples, args.fail_at),
+            *_periodic(args.out, args.save_every),
         ],
         logger=_logger(args.logger),
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.save_every),
         enable_progress_bar=False,
         enable_model_summary=False,
     )

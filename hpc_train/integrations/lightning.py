@@ -32,6 +32,15 @@ epoch end runs the validation it does when training is stopped early, after the 
 loggers record the run as "failed" (Lightning's word for an exit during ``fit``). A logger that keeps its
 history in memory (scvi-tools' ``model.history``) gets the earlier attempts' rows back on resume.
 
+Any node count (``script.global_batch``, for a node range, growth, a lost node or a run dir resumed on another
+node count): the callback sets ``accumulate_grad_batches`` at the start of training so that the train loader's
+batch x today's ranks x the accumulation is the global batch (a ConfigError where the batch does not divide
+today's share). Every checkpoint written while fitting records the rank count and accumulation it was written
+with; resumed on another rank count, the epoch loop's micro-batch counts are rescaled to today's accumulation
+and the epoch's trained batches skipped in the sampler, a ``StatefulDataLoader``'s own saved position set
+aside. With a ``DistributedSampler`` over a data set of whole global batches, every step then trains on the
+samples it would have on the full shape; each rank's random state starts afresh.
+
 Stragglers (``cluster.stragglers``): hpc_train times each rank's DDP model and names a slow one in its log,
 ``status/`` and ``jobs status`` with no callback at all. With the callback, rank 0 also logs each verdict's
 figures (``stragglers/slowest_x_median``, ``stragglers/count``, ``stragglers/node/<host>``) to Lightning's own
@@ -147,6 +156,7 @@ class PreemptionCallback(pl.Callback):
         self._last_step: int | None = None
         self._deferred = False
         self._saving: dict[str, Any] = {}
+        self._trainer: pl.Trainer | None = None
         self._resume: dict[str, Any] = {}
         self._random_pending: dict[str, Any] | None = None
         self._by_skip = False
@@ -158,14 +168,28 @@ class PreemptionCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         _check_shape(trainer)
+        self._trainer = trainer
         environment = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(environment, SLURMEnvironment):
             environment.auto_requeue = False
 
-    # ---- what the stop checkpoint holds beyond Lightning's own ------------------------------------------------
+    # ---- what a checkpoint holds beyond Lightning's own -------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return dict(self._saving)  # empty in checkpoints other than the stop's
+        """In every checkpoint written while fitting (the stop's, and any ModelCheckpoint's): the shape it was
+        written on, so that a resume on another rank count keeps the data order; in the stop's also every rank's
+        random state and the in-memory history."""
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return dict(self._saving)
+        return {
+            "world": trainer.world_size,
+            "epoch": trainer.current_epoch,
+            "batches": int(trainer.fit_loop.epoch_loop.batch_progress.current.processed),  # of this epoch, trained
+            "accumulate": int(trainer.accumulate_grad_batches),
+            "skipped": self._skipped_epoch == trainer.current_epoch,
+            **self._saving,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
@@ -176,10 +200,11 @@ class PreemptionCallback(pl.Callback):
         """Before Lightning restores its loops: a stop checkpoint resumed on another rank count (or one whose epoch
         was positioned by skipping) sets the loaders' own saved state aside, since it counts another shape's
         batches (or those after the skip); the resumed epoch is then positioned by skipping, in ``on_train_start``."""
-        saved = checkpoint.get("callbacks", {}).get(self.state_key, {})
-        if "random" not in saved:
+        then = _written_by(checkpoint.get("callbacks", {}).get(self.state_key, {}))
+        if then is None:
             return
-        self._by_skip = len(saved["random"]) != trainer.world_size or bool(saved.get("skipped"))
+        saved = checkpoint["callbacks"][self.state_key]
+        self._by_skip = then != trainer.world_size or bool(saved.get("skipped"))
         if self._by_skip:
             fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
             fit_loop.get("state_dict", {}).pop("combined_loader", None)
@@ -189,25 +214,30 @@ class PreemptionCallback(pl.Callback):
         if os.environ.get(GLOBAL_BATCH_VARIABLE):
             _keep_global_batch(trainer)
         resume, self._resume = self._resume, {}
-        if "random" not in resume:  # not a stop checkpoint of this callback: Lightning's own resume
+        then, world = _written_by(resume), trainer.world_size
+        if then is None:  # a checkpoint without this callback's state: Lightning's own resume
             return
-        if trainer.is_global_zero:
+        stop = "random" in resume
+        if trainer.is_global_zero and stop:
             _restore_history(trainer, resume.get("history", {}))
-        then, world = len(resume["random"]), trainer.world_size
         batches = int(resume["batches"])
+        which = "stop checkpoint" if stop else "checkpoint"
         if then == world:
-            self._random_pending = resume["random"][trainer.global_rank]
+            if not stop and not self._by_skip:  # Lightning's own resume, as on one shape
+                return
+            if stop:
+                self._random_pending = resume["random"][trainer.global_rank]
         elif os.environ.get(GLOBAL_BATCH_VARIABLE) and "accumulate" in resume:
             batches = _rescale_batches(trainer, batches, int(resume["accumulate"]))
             _warn(
                 trainer,
-                f"the stop checkpoint was written by {then} ranks and {world} resume it, with the same global "
+                f"the {which} was written by {then} ranks and {world} resume it, with the same global "
                 "batch and data order: each rank's random state (dropout, augmentations) starts afresh",
             )
         else:
             _warn(
                 trainer,
-                f"the stop checkpoint was written by {then} ranks and {world} resume it: the random state and the "
+                f"the {which} was written by {then} ranks and {world} resume it: the random state and the "
                 "rest of the epoch start afresh",
             )
             return
@@ -243,10 +273,7 @@ class PreemptionCallback(pl.Callback):
             return
         self.stopped = True
         self._saving = {
-            "epoch": trainer.current_epoch,
             "batches": batch_idx + 1,  # of this epoch, trained
-            "accumulate": trainer.accumulate_grad_batches,
-            "skipped": self._skipped_epoch == trainer.current_epoch,
             "random": _gather(trainer, _random_state()),
             "history": _history(trainer),
         }
@@ -271,6 +298,13 @@ class PreemptionCallback(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.stopped and self.exit_after_stop:
             raise Stopped(trainer.global_step, self.saved or checkpoint_path(trainer.default_root_dir, 0))
+
+
+def _written_by(saved: Mapping[str, Any]) -> int | None:
+    """The rank count a checkpoint was written on, from this callback's state in it (None: it has none)."""
+    if "world" in saved:
+        return int(saved["world"])
+    return len(saved["random"]) if "random" in saved else None  # a stop checkpoint of an earlier version
 
 
 def _log_stragglers(trainer: pl.Trainer, figures: Mapping[str, float], step: int) -> None:

@@ -183,9 +183,11 @@ def _stopped_at(out: Path) -> int:
     return int(folder.name.split("-")[1])
 
 
-def lightning_command(run_dir: Path, out: Path, ranks: int, signal_at: tuple[int, ...] = ()) -> list[str]:
+def lightning_command(
+    run_dir: Path, out: Path, ranks: int, signal_at: tuple[int, ...] = (), extra: str = ""
+) -> list[str]:
     signals = "".join(f",--signal-at,{step}" for step in signal_at)
-    args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02{signals}"
+    args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02{signals}{extra}"
     return command(run_dir, out, ranks, script="script.module=hpc_train.examples.lightning_script", args=args)
 
 
@@ -221,3 +223,39 @@ def test_a_lightning_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_
     worst = weights_apart(out / "final.pt", baseline.ready())
     assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
     print(f"Lightning: stopped at steps {starts[1:]} of {STEPS}, on 2 ranks then 1, finished on 1: within {worst:.1e}")
+
+
+@needs("lightning", "torchdata")
+def test_a_lightning_run_that_crashed_on_two_ranks_resumes_on_one_from_lightnings_own_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A lost node's case: no stop checkpoint, only Lightning's own ModelCheckpoint (every 10 steps), written on
+    2 ranks; rank 0 raises at step 25 and the run ends (cluster.slurm.max_failures=0). Resumed by hand on 1 rank
+    from step 20: the callback's state in that checkpoint says its shape, so the epoch's counts are rescaled to
+    the accumulation of 2 and its trained batches skipped, the loader's 2-rank state set aside. Steps 21-25 are
+    trained again, as after any crash, on the samples they had."""
+    base = tmp_path / "baseline"
+    base.mkdir()
+    baseline = Background(lightning_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "base.log")
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+
+    def crashing(ranks: int) -> list[str]:  # (--fail-at: the first attempt only)
+        extra = ",--save-every,10,--fail-at,25"
+        return [*lightning_command(run_dir, out, ranks, extra=extra), "cluster.slurm.max_failures=0"]
+
+    crashed = subprocess.run(crashing(2), capture_output=True, text=True, timeout=300)
+    assert crashed.returncode != 0 and "failing at step 25 on purpose" in crashed.stdout + crashed.stderr
+    assert sorted(p.name for p in out.glob("hpc_ckpt_*.ckpt")) == ["hpc_ckpt_10.ckpt", "hpc_ckpt_20.ckpt"]
+    for log in out.glob("attempt0.rank*.txt"):  # what the crash lost: trained again from the checkpoint
+        log.write_text("".join(line for line in log.read_text().splitlines(True) if int(line.split()[0]) <= 20))
+
+    resumed = subprocess.run(crashing(1), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = resumed.stdout + (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
+    assert "the checkpoint was written by 2 ranks and 1 resume it, with the same global batch" in said, said[-3000:]
+    assert (out / "starts.txt").read_text().split() == ["0", "20"]
+    assert trained(out) == trained(base) and sorted(trained(out)) == list(range(1, STEPS + 1))
+    worst = weights_apart(out / "final.pt", baseline.ready())
+    assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
+    print(f"Lightning: crashed at 25 on 2 ranks, resumed from its own checkpoint at 20 on 1: within {worst:.1e}")
