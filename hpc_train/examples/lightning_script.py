@@ -88,7 +88,7 @@ class Progress(pl.Callback):
         if trainer.is_global_zero:
             with open(os.path.join(self.out, "step.txt"), "w") as f:
                 f.write(f"{trainer.global_step}\n")
-            if trainer.global_step == self.fail_at:
+            if self.fail_at and trainer.global_step == self.fail_at:
                 raise RuntimeError(f"failing at step {trainer.global_step} on purpose (--fail-at)")
 
 
