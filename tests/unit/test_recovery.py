@@ -341,6 +341,7 @@ def supervised(
     lines, its exit code). ``requeue``: Slurm's restart count of the job (a requeued job's next allocation)."""
     import json
     import os
+    import shutil
     import sys
 
     from omegaconf import OmegaConf
@@ -352,6 +353,13 @@ def supervised(
     srun = bindir / "srun"
     srun.write_text(f"#!{sys.executable}\n{FAKE_SRUN}")
     srun.chmod(0o755)
+    for name in ("scontrol", "squeue", "sbatch"):
+        # Slurm that does not answer, unless the test brought its own: a machine's real client commands would
+        # ask its controller (on a machine whose testbed is stopped, 2 s each before they give up)
+        found = shutil.which(name)
+        if found is None or not Path(found).is_relative_to(tmp_path):
+            (bindir / name).write_text("#!/bin/sh\nexit 1\n")
+            (bindir / name).chmod(0o755)
     (bindir / "plan.json").write_text(json.dumps(plan))
     rd = RunDir(tmp_path / "run")
     rd.status_dir.mkdir(parents=True, exist_ok=True)
@@ -366,7 +374,12 @@ def supervised(
         "SLURM_JOB_ID": "9",
         "SLURM_RESTART_COUNT": str(requeue),
     }
-    code = supervise(rd, environ)
+    was = os.environ["PATH"]
+    os.environ["PATH"] = f"{bindir}:{was}"  # the supervisor asks Slurm (scontrol, squeue) from its own process
+    try:
+        code = supervise(rd, environ)
+    finally:
+        os.environ["PATH"] = was
     calls_file = bindir / "calls.jsonl"
     calls = [json.loads(line) for line in calls_file.read_text().splitlines()] if calls_file.exists() else []
     return code, rd, calls
