@@ -11,7 +11,8 @@ comes back on.
 
 For tests: rank 0 records each attempt's first step (``starts.txt``), its rank count (``ranks.txt``) and the step
 reached (``step.txt``); ``--sleep`` paces each micro-batch (a step on fewer ranks takes longer, as it would); ``--samples DIR`` has every rank write the samples of each of its micro-batches, with their
-step (``DIR/attempt<A>.rank<R>.txt``: test instrumentation, one file per rank, not for a large job).
+step (``DIR/attempt<A>.rank<R>.txt``: test instrumentation, one file per rank, not for a large job);
+``--save-every N`` also checkpoints every N steps, which a run that lost a node goes on from.
 
 The gradients are averaged with one all-reduce per parameter, as in ``preemptible_loop``: the run's sums then do
 not depend on DDP's bucket order (they still depend on the rank count: another shape agrees to rounding).
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--samples-total", type=int, default=960)
     parser.add_argument("--sleep", type=float, default=0.01, help="seconds a micro-batch takes on top")
     parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
+    parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every that many steps")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -114,6 +116,8 @@ def main() -> None:
                     save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint)
                 stopped = True
                 break
+            if args.save_every and step % args.save_every == 0 and batch.rank == 0:  # what a crash goes on from
+                save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint)
             if step >= args.steps:
                 break
         sampler.set_epoch(sampler.epoch + 1)

@@ -13,6 +13,8 @@ final weights agree with that run's to rounding.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.core.rundir import RunDir
+from hpc_train.global_batch import GlobalBatchSampler
 
 from ..conftest import wait_for_step
 from ..runs.test_global_batch_runs import read_batches, trained, weights_apart
@@ -124,3 +127,40 @@ def test_a_scripts_range_starts_on_what_is_free_and_grows_with_the_same_samples_
         f"\n2-3 nodes, {name}: started on 2, stopped at step {first}, back on 2, grew at {second}, back on 3 to "
         f"{example.steps}; weights within {worst:.1e} of the uninterrupted 3-node run\n{decision}"
     )
+
+
+def test_a_scripts_run_goes_on_without_a_lost_node_with_the_same_samples(tmp_path: Path) -> None:
+    """The loop on 3 nodes, cluster.min_nodes=2, no spare, checkpointing every 20 steps: its rank on node3 is
+    SIGKILLed after step 30, and the same allocation goes on with node1 and node2 from step 20, 24 a rank as 2
+    micro-batches of 12. Every step trains on the samples the global batch's sampler gives it on one rank (the
+    order is the same on any rank count); steps 21 to the kill were trained again, as after any crash."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    steps = 120
+    loop = Example("global_batch_loop", steps, "--per-rank,16,--sleep,0.1,--save-every,20")
+    job_id = submit_job(run_dir, *loop.job(out, "cluster.min_nodes=2"))
+    wait_for_step(out, 1, 30, timeout=120)  # past its saves at steps 20
+    worker = next(s for s in RunDir(run_dir).read_statuses().values() if s["host"] == "node3")
+    script = subprocess.run(["pgrep", "-P", str(worker["pid"])], capture_output=True, text=True, timeout=30).stdout
+    os.kill(int(script.split()[0]), signal.SIGKILL)  # the testbed's nodes share this machine's pid namespace
+    assert wait_for_job(job_id, timeout=300) == "COMPLETED"
+    attempts = RunDir(run_dir).attempt_records()
+    assert [(a.outcome.value, len(a.nodes)) for a in attempts] == [("failed", 3), ("completed", 2)], attempts
+    assert "node3" not in attempts[1].nodes
+    [shrink] = RunDir(run_dir).reshape_records()
+    assert shrink.onto == "2 nodes x 1 task (global batch 48 = 24 a rank a step x 2 ranks, split by the script)"
+    assert "without node3, no spare left (cluster.min_nodes=2)" in shrink.why, shrink
+    assert (out / "ranks.txt").read_text().split() == ["3", "2"]
+    resumed = int((out / "starts.txt").read_text().split()[1])
+    assert resumed >= 20 and resumed % 20 == 0, resumed
+    for log in out.glob("attempt0.rank*.txt"):  # what the crash lost: trained again from the checkpoint
+        log.write_text("".join(line for line in log.read_text().splitlines(True) if int(line.split()[0]) <= resumed))
+    expected: dict[int, list[int]] = {}
+    sampler = GlobalBatchSampler(960, size=48, ranks=1, rank=0, seed=0)
+    while len(expected) < steps:
+        order = list(sampler)
+        for k in range(0, len(order), 48):
+            expected[len(expected) + 1] = sorted(order[k : k + 48])
+        sampler.set_epoch(sampler.epoch + 1)
+    assert trained(out) == {t: expected[t] for t in range(1, steps + 1)}
+    print(f"\nlost node3 after step 30 of {steps}: went on with 2 nodes from step {resumed}, same samples every step")
