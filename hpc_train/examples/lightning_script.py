@@ -3,14 +3,14 @@
     python -m hpc_train script.module=hpc_train.examples.lightning_script 'script.args=[--out,DIR]'
 
 A small regression model on random data, several epochs, shuffled by a seeded DistributedSampler and served
-by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next batch. On rank 0 it
-records each attempt's first step (``starts.txt``) and rank count (``ranks.txt``), the step reached (``step.txt``, for tests that signal
-mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``). ``--signal-at A --signal-at B`` makes
-the first attempt send itself the preemption signal at step A, the second at B, and so on, for tests that need
-the stops at known places.
-``--save-every N`` adds Lightning's own ModelCheckpoint every N steps and ``--fail-at`` makes rank 0's first
-attempt raise at a step (for tests of a crash). ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir (the
-variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
+by torchdata's StatefulDataLoader, so a resume mid-epoch continues with the next batch. On rank 0 it records
+each attempt's first step (``starts.txt``) and rank count (``ranks.txt``), the step reached (``step.txt``, for
+tests that signal mid-run) and, once it has trained ``--steps`` steps, the weights (``final.pt``).
+``--signal-at A --signal-at B`` makes the first attempt send itself the preemption signal at step A, the second
+at B, and so on, for tests that need the stops at known places. ``--save-every N`` adds Lightning's own
+ModelCheckpoint every N steps and ``--fail-at`` makes rank 0's first attempt raise at a step (for tests of a
+crash). ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir
+(the variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
 optimizer step it counts towards and its samples (``attempt<A>.rank<R>.txt``), for tests that compare the
 data order across shapes.
 
@@ -64,8 +64,8 @@ class Progress(pl.Callback):
 
     def __init__(self, out: str, sleep: float, signal_at: list[int], samples: str = "", fail_at: int = 0) -> None:
         self.out, self.sleep, self.started, self.samples = out, sleep, False, samples
-        self.fail_at = fail_at if preemption.restart_count() == 0 else 0
         attempt = preemption.restart_count()
+        self.fail_at = fail_at if attempt == 0 else 0
         self.signal_at = signal_at[attempt] if attempt < len(signal_at) else -1
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

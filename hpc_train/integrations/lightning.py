@@ -197,13 +197,14 @@ class PreemptionCallback(pl.Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        """Before Lightning restores its loops: a stop checkpoint resumed on another rank count (or one whose epoch
-        was positioned by skipping) sets the loaders' own saved state aside, since it counts another shape's
-        batches (or those after the skip); the resumed epoch is then positioned by skipping, in ``on_train_start``."""
-        then = _written_by(checkpoint.get("callbacks", {}).get(self.state_key, {}))
+        """Before Lightning restores its loops: a checkpoint with this callback's state resumed on another rank
+        count (or one whose epoch was positioned by skipping) sets the loaders' own saved state aside, since it
+        counts another shape's batches (or those after the skip); the resumed epoch is then positioned by
+        skipping, in ``on_train_start``."""
+        saved = checkpoint.get("callbacks", {}).get(self.state_key, {})
+        then = _written_by(saved)
         if then is None:
             return
-        saved = checkpoint["callbacks"][self.state_key]
         self._by_skip = then != trainer.world_size or bool(saved.get("skipped"))
         if self._by_skip:
             fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
@@ -451,7 +452,7 @@ def _batch_size(loader: Any) -> int | None:
 
 
 def _rescale_batches(trainer: pl.Trainer, batches: int, accumulated: int) -> int:
-    """A stop checkpoint written with ``accumulated`` micro-batches a step, resumed with today's accumulation: the
+    """A checkpoint written with ``accumulated`` micro-batches a step, resumed with today's accumulation: the
     epoch loop's batch counts, in micro-batches, become today's for the same optimizer steps (Lightning steps the
     optimizer when the count is a multiple of the accumulation). Returns ``batches``, the resumed epoch's batches
     done, in today's."""

@@ -79,16 +79,24 @@ def stopped_at_step(argv: list[str], out: Path, step: int, timeout: float) -> No
     assert launcher.returncode == 130, err[-3000:]
 
 
-def baseline_and_stopped(
-    tmp_path: Path, make: Callable[[Path, Path, int], list[str]], timeout: float
-) -> tuple[Background, Path, Path]:
-    """The uninterrupted 2-rank run of ``make``'s command (in the background) and a run of it stopped on 2 ranks
-    at step 20 or a little after: the baseline, and the stopped run's run dir and output folder."""
+Command = Callable[[Path, Path, int], list[str]]
+"""A run's command line from its run dir, its output folder and its rank count."""
+
+
+def with_baseline(tmp_path: Path, make: Command) -> tuple[Background, Path, Path]:
+    """The uninterrupted 2-rank run of ``make``'s command, started in the background (its outputs in
+    ``tmp_path/baseline``), and the run dir and output folder of the run to compare with it."""
     base = tmp_path / "baseline"
     base.mkdir()
     baseline = Background(make(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "baseline.log")
     run_dir, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
+    return baseline, run_dir, out
+
+
+def baseline_and_stopped(tmp_path: Path, make: Command, timeout: float) -> tuple[Background, Path, Path]:
+    """``with_baseline``, and the run stopped on 2 ranks at step 20 or a little after."""
+    baseline, run_dir, out = with_baseline(tmp_path, make)
     stopped_at_step(make(run_dir, out, 2), out, 20, timeout=timeout)
     return baseline, run_dir, out
 
@@ -198,20 +206,14 @@ def test_a_lightning_run_stopped_on_two_ranks_ends_on_one_with_the_same_samples_
     finished on 1. On one rank the callback sets accumulate_grad_batches to 2; the first resume sets the loader's
     2-rank state aside and skips the epoch's trained batches in the sampler, rescaled to the new accumulation;
     the second skips again, since the loader's own state then counts from the skip."""
+    baseline, run_dir, out = with_baseline(tmp_path, lightning_command)
     base = tmp_path / "baseline"
-    base.mkdir()
-    baseline = Background(lightning_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "base.log")
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    starts = [0]
     for ranks in (2, 1, 1):
         done = subprocess.run(
             lightning_command(run_dir, out, ranks, signal_at=(20, 26)), capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        saved = sorted(out.glob("hpc_ckpt_*.ckpt"), key=lambda p: int(p.stem.split("_")[-1]))
-        if ranks == 2 or len(starts) == 2:
-            starts.append(int(saved[-1].stem.split("_")[-1]))
+    starts = [0, *sorted(int(p.stem.split("_")[-1]) for p in out.glob("hpc_ckpt_*.ckpt"))]  # the two stops
     assert 20 <= starts[1] < 26 <= starts[2] < 32, f"the stops were at {starts[1:]}, not both in epoch 2 (17-32)"
     said = (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
     assert "hpc_train: global batch 16 = 8 a rank x 1 rank x 2 accumulated (accumulate_grad_batches 1 -> 2)" in said
@@ -234,11 +236,8 @@ def test_a_lightning_run_that_crashed_on_two_ranks_resumes_on_one_from_lightning
     from step 20: the callback's state in that checkpoint says its shape, so the epoch's counts are rescaled to
     the accumulation of 2 and its trained batches skipped, the loader's 2-rank state set aside. Steps 21-25 are
     trained again, as after any crash, on the samples they had."""
+    baseline, run_dir, out = with_baseline(tmp_path, lightning_command)
     base = tmp_path / "baseline"
-    base.mkdir()
-    baseline = Background(lightning_command(tmp_path / "base-run", base, 2), base / "final.pt", tmp_path / "base.log")
-    run_dir, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
 
     def crashing(ranks: int) -> list[str]:  # (--fail-at: the first attempt only)
         extra = ",--save-every,10,--fail-at,25"
