@@ -87,6 +87,10 @@ class ScriptRun:
     stopped_by: int
     """The first stop signal that reached this rank while the script ran (0: none)."""
     stderr_tail: str
+    stop_to_exit_s: float | None = None
+    """Seconds from passing that stop signal on to the script's exit, when it exited 0 (it saved what it saves
+    and returned, as ``hpc_train.preemption`` and the integrations' callbacks do): the stop's cost, which the
+    growth estimate weighs."""
 
 
 TORCHRUN_VARIABLES = (
@@ -226,14 +230,14 @@ def run_script(
         copies = [_Copy(child.stderr, sys.stderr.fileno(), log_fd, "stderr")]
         if child.stdout is not None:
             copies.append(_Copy(child.stdout, sys.stdout.fileno(), log_fd, "stdout"))
-        stopped_by = 0
+        stopped_by, stopped_at = 0, 0.0
 
         def forward(signum: int, frame: FrameType | None) -> None:
-            nonlocal stopped_by
+            nonlocal stopped_by, stopped_at
             if signum == signal.SIGHUP:  # a hang-up is a stop: the script hears the SIGTERM it knows how to handle
                 signum = signal.SIGTERM
             if signum in stops and not stopped_by:
-                stopped_by = signum
+                stopped_by, stopped_at = signum, time.monotonic()
             child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
@@ -241,6 +245,7 @@ def run_script(
             forward(early_stop.received, None)
         try:
             code = child.wait()
+            exited = time.monotonic()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -253,7 +258,8 @@ def run_script(
     if store is not None:
         _keep_until(peers_ended, timeout)
         del store  # the server stops with its last reference
-    return ScriptRun(code, stopped_by, tail)
+    stop_s = exited - stopped_at if stopped_by and code == 0 else None
+    return ScriptRun(code, stopped_by, tail, stop_s)
 
 
 def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
@@ -341,7 +347,7 @@ def run_user_script(
     start = None if first is None else first - 1
     if run.stopped_by:
         log.warning("%s ended with status %d after signal %d on rank %d", what, run.code, run.stopped_by, env.rank)
-        return Fit(completed=False, start_step=start, step=last, signal=run.stopped_by)
+        return Fit(completed=False, start_step=start, step=last, signal=run.stopped_by, stop_saved_s=run.stop_to_exit_s)
     if run.code != 0:
         how = f"was killed by {signal.Signals(-run.code).name}" if run.code < 0 else f"exited with status {run.code}"
         last_line = next((line for line in reversed(run.stderr_tail.splitlines()) if line.strip()), "")

@@ -115,6 +115,7 @@ class FitResult:
     peak: Mapping[str, float] = field(default_factory=dict)
     """This rank's peak GPU memory (empty on CPU); the final status keeps it."""
     stop_saved_s: float | None = None
-    """Seconds from the stop signal to the durable checkpoint (None: not stopped, or not known here)."""
+    """Seconds from the stop signal to the durable checkpoint (None: not stopped, or not known here); for a user's
+    script, to its exit 0 after the signal (it saved what it saves)."""
     note: str | None = None
     """A doubt about a run that completed: a user's script that exited 0 with no sign of having trained."""

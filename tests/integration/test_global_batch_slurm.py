@@ -59,15 +59,17 @@ class Example:
 
 
 EXAMPLES = {
-    # On 2 nodes a step is 2 micro-batches of 12 a rank (0.08 s each, --sleep), on 3 one of 16: enough steps left
+    # On 2 nodes a step is 2 micro-batches of 12 a rank (0.12 s each, --sleep), on 3 one of 16: enough steps left
     # after the return on 2 for the growth's estimate to find a third node worth a requeue.
-    "loop": Example("global_batch_loop", 500, "--per-rank,16,--sleep,0.08"),
-    # The loader's batch is 8: 3 micro-batches a step on 2 nodes, 2 on 3 (0.12 s each); 480 samples, 10 steps an
-    # epoch on either, so the stops and the growth land mid-epoch and across epochs. The fewest steps whose
-    # growth still pays (about 150 left x 0.12 s saved a step, against a cost of about 13 s).
-    "lightning": Example("lightning_script", 200, "--sleep,0.12,--data,480"),
+    "loop": Example("global_batch_loop", 400, "--per-rank,16,--sleep,0.12"),
+    # The loader's batch is 8: 3 micro-batches a step on 2 nodes, 2 on 3 (0.25 s each); 480 samples, 10 steps an
+    # epoch on either, so the stops and the growth land mid-epoch and across epochs. About 165 steps are left at
+    # the growth check, at about 0.28 s saved a step: a gain of about 45 s. The cost, measured by the run, is
+    # 13 s on an idle machine and 17 s beside the suite's local side (a start-up of 11 s); with 0.12 s a batch
+    # the gain was 19 s, and on a busier machine the check rightly found growth not worth it.
+    "lightning": Example("lightning_script", 200, "--sleep,0.25,--data,480"),
     # The same split through the Trainer's gradient_accumulation_steps, paced per batch read.
-    "transformers": Example("hf_trainer", 200, "--sleep,0,--batch-sleep,0.12,--data,480", labelled=False),
+    "transformers": Example("hf_trainer", 200, "--sleep,0,--batch-sleep,0.25,--data,480", labelled=False),
 }
 TOLERANCE = 1e-4
 """The run (2, 2, then 3 nodes) against the uninterrupted 3-node run: the same samples each step, the gradient

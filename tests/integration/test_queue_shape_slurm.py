@@ -62,7 +62,12 @@ def back_again(run_dir: Path, job_id: str, restart: int, timeout: float = 120) -
     """Wait for the requeued job to run again (Slurm's restart ``restart``); the step the stopped attempt saved."""
     deadline = time.monotonic() + timeout
     while restarts(job_id) < restart or squeue(job_id)[0] != "RUNNING":
-        assert time.monotonic() < deadline, f"job {job_id} did not run again within 120s: {squeue(job_id)}"
+        if time.monotonic() > deadline:
+            said = [
+                line for log in sorted((run_dir / "submitit").glob("*.out")) for line in log.read_text().splitlines()
+            ]
+            checks = "\n".join(line for line in said if "growth check" in line or "requeue" in line)
+            raise AssertionError(f"job {job_id} did not run again within {timeout:.0f} s: {squeue(job_id)}\n{checks}")
         time.sleep(0.2)
     history = RunDir(run_dir).requeue_records()
     assert len(history) == restart, history

@@ -59,6 +59,8 @@ def test_stopped_script_resumes_from_its_own_save(tmp_path: Path, baseline: Back
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     statuses = RunDir(run_dir).read_statuses()
     assert {s["state"] for s in statuses.values()} == {"stopped"}, statuses
+    # the stop's cost, as growth weighs it: from the signal passed on to the script's exit after its save
+    assert 0 < statuses[0]["stop_saved_s"] < 60, statuses
     # Both ranks agreed on one step, saved there and said so; that is where the rerun starts.
     progress = [RunDir(run_dir).read_progress(rank) for rank in (0, 1)]
     assert {p["stop_agreed"] for p in progress} == {True} and len({p["step"] for p in progress}) == 1, progress
