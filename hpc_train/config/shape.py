@@ -11,6 +11,7 @@ from hpc_train.core.batch import split_global_batch
 from hpc_train.core.errors import ConfigError
 
 if TYPE_CHECKING:  # for annotations only: schema imports this module (Config checks its own shape with it)
+    from hpc_train.config.cluster import ClusterConfig
     from hpc_train.config.schema import Config
 
 __all__ = [
@@ -131,6 +132,21 @@ def fits_on(cfg: Config, nodes: int) -> bool:
     return nodes == cfg.cluster.nodes or _split_on(cfg, nodes) is not None
 
 
+def _attempt_cluster(cluster: ClusterConfig, nodes: int) -> ClusterConfig:
+    """``cluster`` as one attempt on ``nodes`` of its range: a shape to train on, not a job to submit. On the
+    range's fewest nodes it is no longer a range, so the keys only a range allows are set aside there (the shape
+    table's pick, a straggler's replacement with no spare): the supervisor holds the submitted config and makes
+    those decisions, and says a slow node stays when no node is left to leave it for."""
+    fewest = min(nodes, cluster.fewest_nodes)
+    if fewest < nodes:
+        return replace(cluster, nodes=nodes, min_nodes=fewest)
+    slurm = replace(cluster.slurm, shape="range")
+    stragglers = cluster.stragglers
+    if not cluster.slurm.spare_nodes:
+        stragglers = replace(stragglers, replace_after_s=0.0)
+    return replace(cluster, nodes=nodes, min_nodes=fewest, slurm=slurm, stragglers=stragglers)
+
+
 def on_nodes(cfg: Config, nodes: int) -> Config:
     """``cfg`` trained on ``nodes`` nodes instead of ``cluster.nodes``, with the same global batch: the per-rank
     batch and accumulation that ``split_global_batch`` picks. ConfigError where it does not split (the check of
@@ -143,7 +159,7 @@ def on_nodes(cfg: Config, nodes: int) -> Config:
             f"{NODES_VARIABLE}={nodes}: the global batch of {Shape.of(cfg).describe()} does not split over {nodes} "
             f"nodes. HINT: set cluster.min_nodes to a node count that divides it"
         )
-    cluster = replace(cfg.cluster, nodes=nodes, min_nodes=min(nodes, cfg.cluster.fewest_nodes))
+    cluster = _attempt_cluster(cfg.cluster, nodes)
     if cfg.script.enabled:  # script.global_batch stays; the script splits it over its ranks itself
         return replace(cfg, cluster=cluster)
     batch_size, accumulate = split

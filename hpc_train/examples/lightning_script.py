@@ -9,7 +9,8 @@ tests that signal mid-run) and, once it has trained ``--steps`` steps, the weigh
 ``--signal-at A --signal-at B`` makes the first attempt send itself the preemption signal at step A, the second
 at B, and so on, for tests that need the stops at known places. ``--save-every N`` adds Lightning's own
 ModelCheckpoint every N steps and ``--fail-at`` makes rank 0's first attempt raise at a step (for tests of a
-crash). ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir
+crash); ``--hidden`` and ``--layers`` make the model wider and deeper (a step of real compute, for tests of a
+slow node). ``--logger mlflow`` logs to the MLflow run that hpc_train's ``tracking.mlflow.*`` made for the run dir
 (the variables it gives the script name it). ``--samples DIR`` has every rank write, for each batch it trains, the
 optimizer step it counts towards and its samples (``attempt<A>.rank<R>.txt``), for tests that compare the
 data order across shapes.
@@ -34,10 +35,11 @@ from hpc_train.integrations.lightning import PreemptionCallback, last_checkpoint
 
 
 class Regression(pl.LightningModule):
-    def __init__(self, samples: int = 256) -> None:
+    def __init__(self, samples: int = 256, hidden: int = 32, layers: int = 1) -> None:
         super().__init__()
         self.samples = samples
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        inner = [m for _ in range(layers - 1) for m in (torch.nn.Linear(hidden, hidden), torch.nn.Tanh())]
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.Tanh(), *inner, torch.nn.Linear(hidden, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y, _ = batch  # the third: the samples' indices, for --samples
@@ -131,6 +133,8 @@ def main() -> None:
     parser.add_argument("--data", type=int, default=256, help="samples in the data set")
     parser.add_argument("--save-every", type=int, default=0, help="a ModelCheckpoint every that many steps")
     parser.add_argument("--fail-at", type=int, default=0, help="rank 0's first attempt raises at this step")
+    parser.add_argument("--hidden", type=int, default=32, help="the hidden layers' width")
+    parser.add_argument("--layers", type=int, default=1, help="hidden layers (more: a step of real compute)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -154,7 +158,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = Regression(args.data)
+    model = Regression(args.data, args.hidden, args.layers)
     trainer.fit(model, ckpt_path=last_checkpoint(args.out))
     if trainer.is_global_zero:
         torch.save(model.state_dict(), os.path.join(args.out, "final.pt"))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpc_train.core.rundir import RunDir
 from hpc_train.global_batch import GlobalBatchSampler
@@ -29,6 +30,7 @@ from ..conftest import wait_for_step
 from ..runs.test_global_batch_runs import read_batches, trained, weights_apart
 from .conftest import Baseline, submit_job, wait_for_job
 from .test_queue_shape_slurm import back_again, hold, squeue
+from .test_stragglers_slurm import _slowed
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("testbed")]
 
@@ -166,3 +168,47 @@ def test_a_scripts_run_goes_on_without_a_lost_node_with_the_same_samples(tmp_pat
         sampler.set_epoch(sampler.epoch + 1)
     assert trained(out) == {t: expected[t] for t in range(1, steps + 1)}
     print(f"\nlost node3 after step 30 of {steps}: went on with 2 nodes from step {resumed}, same samples every step")
+
+
+def test_a_lightning_run_leaves_a_slow_node_without_a_spare_with_the_same_samples(tmp_path: Path) -> None:
+    """The Lightning example on 3 nodes, cluster.min_nodes=2, no spare, node3 under a quarter of a core (a cgroup
+    on its slurmd, as tests/integration/test_stragglers_slurm.py): the callback's DDP clock names its rank, and
+    once it has been slow for cluster.stragglers.replace_after_s the supervisor stops the step (the callback saves
+    at the step's end) and goes on in the same allocation with node1 and node2, 3 batches of 8 a rank a step
+    instead of 2. Every step trains on the samples the seeded DistributedSampler gives it on any rank count: the
+    positions [48 (t - 1), 48 t) of its epoch's permutation (10 steps an epoch), once."""
+    out, run_dir = tmp_path / "out", tmp_path / "run"
+    out.mkdir()
+    steps = 800  # attempt 0 left node3 at step 327 on an idle machine; the rest, on 2 nodes, takes about 20 s
+    wide = Example("lightning_script", steps, "--sleep,0,--data,480,--hidden,256,--layers,3")
+    with _slowed("node3", 0.25):
+        job_id = submit_job(
+            run_dir,
+            *wide.job(
+                out,
+                "cluster.min_nodes=2",
+                "cluster.stragglers.window_s=2",
+                "cluster.stragglers.windows=3",
+                "cluster.stragglers.replace_after_s=4",
+            ),
+        )
+        assert wait_for_job(job_id, timeout=400) == "COMPLETED"
+    rd = RunDir(run_dir)
+    attempts = rd.attempt_records()
+    assert [(a.outcome.value, len(a.nodes)) for a in attempts] == [("stopped", 3), ("completed", 2)], attempts
+    assert "node3" not in attempts[1].nodes
+    (bad,) = rd.bad_node_records()
+    assert bad.host == "node3" and bad.why.startswith("straggler: rank 2 (node3"), bad
+    assert rd.requeue_records() == []  # stopped for the supervisor, not requeued
+    [shrink] = rd.reshape_records()
+    assert shrink.onto == "2 nodes x 1 task (global batch 48 = 24 a rank a step x 2 ranks, split by the script)"
+    assert (out / "ranks.txt").read_text().split() == ["3", "2"]
+    stopped = int((out / "starts.txt").read_text().split()[1])
+    assert 0 < stopped < steps
+    expected: dict[int, list[int]] = {}
+    for epoch in range(steps // 10):
+        order = torch.randperm(480, generator=torch.Generator().manual_seed(epoch)).tolist()
+        for k in range(10):
+            expected[10 * epoch + k + 1] = sorted(order[48 * k : 48 * (k + 1)])
+    assert trained(out) == expected  # (every step once: a step in two attempts' logs fails there)
+    print(f"\nnode3 at a quarter of a core: {bad.why}; went on with 2 nodes from step {stopped} of {steps}")

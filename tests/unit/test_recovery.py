@@ -210,6 +210,26 @@ def test_min_nodes_is_checked_before_anything_is_submitted() -> None:
         Shape.of(on_nodes(cfg, 2)).describe()
         == "2 nodes x 1 task (global batch 96 = 24 a rank x 2 ranks x 2 accumulated)"
     )
+    # On the range's fewest nodes an attempt is no range: what only a range allows is the supervisor's, and the
+    # attempt's config no longer asks it (a 2-3 node job left on 2 by a straggler's node failed here).
+    ranged = compose_config(
+        *three, "cluster.min_nodes=2", "cluster.stragglers.replace_after_s=60", "cluster.slurm.shape=earliest_finish"
+    )
+    bottom = on_nodes(ranged, 2).cluster
+    assert (bottom.nodes, bottom.min_nodes, bottom.stragglers.replace_after_s, bottom.slurm.shape) == (2, 2, 0, "range")
+    spared = on_nodes(
+        compose_config(
+            *three, "cluster.min_nodes=2", "cluster.slurm.spare_nodes=1", "cluster.stragglers.replace_after_s=60"
+        ),
+        2,
+    )
+    assert spared.cluster.stragglers.replace_after_s == 60  # a spare is still there to leave a slow node for
+    assert (
+        on_nodes(
+            compose_config(*three, "cluster.nodes=4", "trainer.batch_size=24", "cluster.min_nodes=2"), 3
+        ).cluster.min_nodes
+        == 2
+    )
     with pytest.raises(ConfigError, match=r"cluster.min_nodes=4 is invalid: must be a whole number from 1 to 3"):
         compose_config(*three, "cluster.min_nodes=4")
     with pytest.raises(ConfigError, match=r"gpu_binding.*node range.*HINT: use cluster.slurm.gpu_binding=node"):
