@@ -10,7 +10,9 @@ returns its loss as any transformers model does. On rank 0 it records each attem
 ``--fail-at`` makes rank 0's first attempt raise at that step (for tests of a crash and its restart);
 ``--samples DIR`` has each rank write the samples of every batch it reads (``DIR/attempt<A>.rank<R>.txt``);
 ``--data`` sets the data set's size and ``--batch-sleep`` paces each batch read (``--sleep`` paces each step).
-With ``script.global_batch`` it keeps that global batch on any node count (the callback sets the accumulation).
+With ``script.global_batch`` it keeps that global batch on any node count (the callback sets the accumulation);
+with ``--keep-batch`` it calls ``keep_global_batch`` first, which may set a smaller per-device batch (``--batch``,
+8 by default) where the accumulation alone cannot make the global batch.
 """
 
 import argparse
@@ -21,7 +23,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from hpc_train import preemption
-from hpc_train.integrations.transformers import PreemptionCallback, last_checkpoint
+from hpc_train.integrations.transformers import PreemptionCallback, keep_global_batch, last_checkpoint
 
 
 class Regression(torch.nn.Module):
@@ -99,6 +101,8 @@ def main() -> None:
     parser.add_argument("--samples", default="", help="a folder for the per-rank sample logs (tests)")
     parser.add_argument("--data", type=int, default=256, help="samples in the data set")
     parser.add_argument("--batch-sleep", type=float, default=0.0, help="seconds each batch takes to read")
+    parser.add_argument("--batch", type=int, default=8, help="the per-device batch")
+    parser.add_argument("--keep-batch", action="store_true", help="keep_global_batch(args) before the Trainer")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -107,7 +111,7 @@ def main() -> None:
     training = TrainingArguments(
         output_dir=checkpoints,
         max_steps=args.steps,
-        per_device_train_batch_size=8,
+        per_device_train_batch_size=args.batch,
         learning_rate=0.01,
         save_strategy="steps" if args.save_steps else "no",  # the callback still checkpoints on preemption
         save_steps=args.save_steps or 500,
@@ -118,6 +122,8 @@ def main() -> None:
         ddp_backend="gloo",
         seed=0,
     )
+    if args.keep_batch:
+        training = keep_global_batch(training)
     trainer = Trainer(
         model=model,
         args=training,

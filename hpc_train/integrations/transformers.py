@@ -33,8 +33,13 @@ Trainer's ``gradient_accumulation_steps`` when the Trainer is built (before its 
 nodes the queue gave, and says so on rank 0. The Trainer's own data path then keeps the order: its sampler is one
 permutation per seed and epoch on every rank, which accelerate deals out batch by batch, so global step t trains
 on the same samples on any rank count, and a resume skips exactly the steps done. A per-device batch that does
-not divide ``script.global_batch / ranks`` cannot be changed once the Trainer is built: a ConfigError says what
-would. Each rank's RNG state is restored where its file exists (ranks that did not exist start from the seed).
+not divide ``script.global_batch / ranks`` cannot be changed once the Trainer is built (its loader's batch size
+is fixed in its constructor), so the callback ends the script with a ConfigError that says what would: call
+``keep_global_batch(args)`` before building the Trainer, which sets the per-device batch too where the
+accumulation alone cannot make the global batch (the largest batch below the script's that divides the rank's
+share, as the built-in trainer does). The order stays the same with another per-device batch: a step still
+covers the same positions of the permutation. Each rank's RNG state is restored where its file exists (ranks
+that did not exist start from the seed).
 
 Stragglers (``cluster.stragglers``): hpc_train times each rank's DDP model and names a slow one in its log,
 ``status/`` and ``jobs status`` with no callback at all. With the callback, rank 0 also logs the figures of each
@@ -64,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on the user's environme
         "hpc_train.integrations.transformers needs transformers and accelerate: pip install 'hpc-train[transformers]'"
     ) from exc
 
-__all__ = ["COMPLETE", "PreemptionCallback", "last_checkpoint"]
+__all__ = ["COMPLETE", "PreemptionCallback", "keep_global_batch", "last_checkpoint"]
 
 COMPLETE = "hpc_train_complete"
 """Written into a checkpoint folder once every rank has saved its part of it."""
@@ -96,15 +101,63 @@ def _warn_if_not_distributed(args: TrainingArguments) -> None:
         )
 
 
+_kept: dict[int, tuple[int, int]] = {}
+"""The per-device batch and accumulation ``keep_global_batch`` set, by the arguments' id: the callback, which
+checks them again when the Trainer is built, does not say them twice."""
+
+
+def keep_global_batch(args: TrainingArguments) -> TrainingArguments:
+    """``script.global_batch`` on today's ranks, set on ``args`` (and returned) before the Trainer is built: the
+    script's per-device batch and accumulation where they make it, else the accumulation, else a smaller
+    per-device batch as well (``hpc_train.core.batch.split_global_batch``). Rank 0 says what changed. Without
+    ``script.global_batch`` (or outside hpc_train) ``args`` stay as they are.
+
+        args = keep_global_batch(TrainingArguments(..., per_device_train_batch_size=16))
+        trainer = Trainer(model, args, ..., callbacks=[PreemptionCallback()])
+    """
+    if not os.environ.get(GLOBAL_BATCH_VARIABLE):
+        return args
+    per_device, was = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    batch = GlobalBatch.of(per_rank=per_device, accumulate=was, steps=_steps(args))
+    args.per_device_train_batch_size, args.gradient_accumulation_steps = batch.per_rank, batch.accumulate
+    _kept[id(args)] = (batch.per_rank, batch.accumulate)
+    _say(
+        batch,
+        [
+            ("per_device_train_batch_size", per_device, batch.per_rank),
+            ("gradient_accumulation_steps", was, batch.accumulate),
+        ],
+    )
+    return args
+
+
 def _keep_global_batch(args: TrainingArguments) -> None:
     """``script.global_batch`` on today's ranks: the accumulation that makes it with the script's per-device batch
-    (module docstring), set on ``args`` before the Trainer builds its loader."""
+    (module docstring), set on ``args`` when the Trainer has been built, before it builds its loader."""
     per_device, was = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    steps = args.max_steps if args.max_steps > 0 else None
-    batch = GlobalBatch.accumulating(per_device, was, steps, batch_key="per_device_train_batch_size")
+    batch = GlobalBatch.accumulating(
+        per_device,
+        was,
+        _steps(args),
+        batch_key="per_device_train_batch_size",
+        other_fix="call hpc_train.integrations.transformers.keep_global_batch(args) before building the Trainer "
+        "(it sets the per-device batch as well)",
+    )
     args.gradient_accumulation_steps = batch.accumulate
+    if (per_device, was) != _kept.get(id(args)):  # (keep_global_batch said it already)
+        _say(batch, [("gradient_accumulation_steps", was, batch.accumulate)])
+
+
+def _steps(args: TrainingArguments) -> int | None:
+    """The optimizer steps the Trainer trains in all (``max_steps``), which the growth estimate weighs."""
+    return args.max_steps if args.max_steps > 0 else None
+
+
+def _say(batch: GlobalBatch, changes: list[tuple[str, int, int]]) -> None:
+    """Rank 0's line: the global batch, and each argument's old and new value."""
     if batch.rank == 0:
-        print(f"hpc_train: {batch.describe()} (gradient_accumulation_steps {was} -> {batch.accumulate})", flush=True)
+        told = ", ".join(f"{key} {was} -> {now}" for key, was, now in changes)
+        print(f"hpc_train: {batch.describe()} ({told})", flush=True)
 
 
 class PreemptionCallback(TrainerCallback):

@@ -81,10 +81,12 @@ class GlobalBatch:
         return cls(size=size, ranks=ranks, rank=rank, per_rank=split[0], accumulate=split[1], steps=steps)
 
     @classmethod
-    def accumulating(cls, per_rank: int, accumulate: int, steps: int | None, batch_key: str) -> GlobalBatch:
+    def accumulating(
+        cls, per_rank: int, accumulate: int, steps: int | None, batch_key: str, other_fix: str = ""
+    ) -> GlobalBatch:
         """``of`` for a framework that fixes the per-rank batch (``batch_key``, named in the error) once it has
         built its loader: only the accumulation may change, so a share of the global batch that ``per_rank`` does
-        not divide is a ConfigError."""
+        not divide is a ConfigError (``other_fix``: one more way out, for its hint)."""
         batch = cls.of(per_rank=per_rank, accumulate=accumulate, steps=steps)
         if batch.per_rank != per_rank:
             share = batch.size // batch.ranks
@@ -92,8 +94,8 @@ class GlobalBatch:
                 f"script.global_batch={batch.size} on the {batch.ranks} ranks training now is {share} samples a "
                 f"rank a step, which {batch_key}={per_rank} does not divide, and the framework keeps its per-rank "
                 f"batch once its loader is built. HINT: set {batch_key} to a number that divides "
-                f"script.global_batch / ranks for every rank count the run may train on (here {share}), or keep "
-                "the node count fixed (drop cluster.min_nodes)"
+                f"script.global_batch / ranks for every rank count the run may train on (here {share}), "
+                f"{other_fix + ', ' if other_fix else ''}or keep the node count fixed (drop cluster.min_nodes)"
             )
         return batch
 

@@ -185,6 +185,51 @@ def test_a_hugging_face_run_stopped_on_two_ranks_ends_on_one_with_the_same_sampl
     print(f"Hugging Face: stopped at step {stopped} of {STEPS} on 2 ranks, finished on 1: weights within {worst:.1e}")
 
 
+def hf_keep_command(run_dir: Path, out: Path, ranks: int, keep: bool = True) -> list[str]:
+    """The Hugging Face example with a global batch of 24 and 8 a device (240 samples: 10 steps an epoch);
+    ``keep``: it calls keep_global_batch before building the Trainer."""
+    hf_args = f"--out,{out},--steps,{STEPS},--samples,{out},--sleep,0.02,--data,240" + (",--keep-batch" if keep else "")
+    argv = command(run_dir, out, ranks, script="script.module=hpc_train.examples.hf_trainer", args=hf_args)
+    return [("script.global_batch=24" if a.startswith("script.global_batch=") else a) for a in argv]
+
+
+@needs("transformers", "accelerate")
+def test_a_hugging_face_per_device_batch_that_does_not_divide_is_set_by_keep_global_batch(tmp_path: Path) -> None:
+    """A global batch of 24 with 8 a device: on 2 ranks a rank's share is 12, which 8 does not divide, and the
+    Trainer fixes its loader's batch in its constructor. Built without keep_global_batch, the callback ends the
+    script with the key and both fixes; with it, 6 a device x 2 accumulated on 2 ranks, then 8 x 3 on 1 after a
+    stop: every step on the uninterrupted 2-rank run's samples, once."""
+    refused = subprocess.run(
+        hf_keep_command(tmp_path / "refused", tmp_path / "refused-out", 2, keep=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "12 samples a rank a step, which per_device_train_batch_size=8" in said, said[
+        -3000:
+    ]
+    assert "call hpc_train.integrations.transformers.keep_global_batch(args) before building the Trainer" in said
+
+    baseline, run_dir, out = baseline_and_stopped(tmp_path, hf_keep_command, timeout=240)
+    base = tmp_path / "baseline"
+    stopped = _stopped_at(out)
+    first = (RunDir(run_dir).logs / "rank_0.log").read_text()
+    told = "global batch 24 = 6 a rank x 2 ranks x 2 accumulated (per_device_train_batch_size 8 -> 6, gradient_accumulation_steps 1 -> 2)"
+    assert first.count(told) == 1, first[-3000:]  # said once: the callback does not say it again
+    resumed = subprocess.run(hf_keep_command(run_dir, out, 1), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "global batch 24 = 8 a rank x 1 rank x 3 accumulated (per_device_train_batch_size 8 -> 8" in (
+        resumed.stdout + (RunDir(run_dir).logs / "rank_0.restart1.log").read_text()
+    )
+    steps = read_batches(out, [(0, stopped, 2), (stopped, STEPS, 3)], [2, 1])
+    assert sorted(steps) == list(range(1, STEPS + 1)) and all(len(s) == 24 for s in steps.values())
+    assert steps == read_batches(base, [(0, STEPS, 2)], [2])
+    worst = weights_apart(out / "final.pt", baseline.ready())
+    assert worst <= TOLERANCE, f"the weights differ by {worst:.2e} from the uninterrupted run's"
+    print(f"Hugging Face, 6 a device on 2 ranks then 8 on 1: stopped at {stopped}, weights within {worst:.1e}")
+
+
 def _stopped_at(out: Path) -> int:
     """The step of the Trainer's stop checkpoint (checkpoint-<step>, marked complete by the callback)."""
     (folder,) = (out / "checkpoints").glob("checkpoint-*")
