@@ -27,10 +27,30 @@ from ..unit.test_config import composed
 pytestmark = [pytest.mark.gpu, gpu_test]
 
 ONE_GPU = ["cluster.gpus_per_node=1", "cluster.tasks_per_node=1", "cluster.cpus_per_task=4", "trainer.device=cuda"]
+LEARNS = [
+    "model=mlp",
+    "model.hidden_sizes=[256,256]",
+    "model.dropout=0.0",
+    "optim=adamw",
+    "optim.weight_decay=0.01",
+    "trainer.lr=1e-3",
+    "trainer.lr_scaling=none",
+    "trainer.schedule.name=constant",
+    "trainer.batch_size=64",
+    "trainer.accumulate_grad_batches=1",
+    "data.num_samples=4096",
+    "data.class_separation=3.0",
+    "data.num_classes=10",
+    "data.input_shape=[784]",
+    "data.seed=0",
+    "trainer.seed=0",
+]
+"""What ``loss_fell`` relies on, pinned: these tests must not move with the defaults, which are tuned for the CPU
+default run (trainer.lr moved from 1e-3 to 1e-4 for it, and 6 of these 10 tests then failed on an H200: loss
+2.3008 -> 2.2769 in 40 steps). With lr 1e-3 the loss falls by far more than the 20% asked in 40 steps."""
 SMALL = [
     *ONE_GPU,
-    "data.num_samples=4096",
-    "model.hidden_sizes=[256,256]",
+    *LEARNS,
     "trainer.log_every_n_steps=5",
     "trainer.progress_bar=false",
     "trainer.plots=false",
