@@ -22,6 +22,7 @@ and the background writes' cost as a fraction of the synchronous writes'.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -78,10 +79,13 @@ class Result:
 
 
 def _run(args: argparse.Namespace, mode: str, folder: Path) -> Result:
-    model = _model(args.width, args.layers)
+    device = torch.device(args.device)
+    model = _model(args.width, args.layers).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    inputs = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(1))
-    writer = CheckpointWriter(Checkpoints(RunDir(folder / mode)), asynchronous=mode == "async")
+    inputs = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(1)).to(device)
+    writer = CheckpointWriter(
+        Checkpoints(RunDir(folder / mode)), asynchronous=mode == "async", pinned=device.type == "cuda"
+    )  # as the trainer builds it
     blocked: list[float] = []
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -93,6 +97,8 @@ def _run(args: argparse.Namespace, mode: str, folder: Path) -> Result:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             blocked.append(writer.save(state, step, keep=1))
     writer.wait()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     total = time.perf_counter() - started
     writes = [saved.seconds for saved in writer.finished()]
     size = sum(p.stat().st_size for p in (folder / mode / "checkpoints").glob("step_*.pt")) if blocked else 0
@@ -111,6 +117,7 @@ def _run_hpc_train(args: argparse.Namespace, mode: str, folder: Path) -> Result:
         "cluster=local",
         f"cluster.tasks_per_node={args.ranks}",
         f"cluster.cpus_per_task={max(1, len(os.sched_getaffinity(0)) // args.ranks)}",
+        *([f"cluster.gpus_per_node={args.ranks}", "trainer.device=cuda"] if args.device == "cuda" else []),
         "model=mlp",
         f"model.hidden_sizes=[{','.join([str(args.width)] * args.layers)}]",
         "data.input_shape=[784]",
@@ -156,6 +163,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--ranks", type=int, default=0, help="run through python -m hpc_train with this many ranks")
     parser.add_argument("--modes", default="none,sync,async", help="with --ranks: which of none,sync,async to run")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model trains")
+    parser.add_argument("--json", type=Path, help="also write the figures there")
     args = parser.parse_args()
     if args.every > args.steps:
         parser.error(f"--every {args.every} is more than --steps {args.steps}: there would be no checkpoint to time")
@@ -165,7 +174,8 @@ def main() -> None:
     params = sum(p.numel() for p in _model(args.width, args.layers).parameters())
     threads = torch.get_num_threads()
     print(
-        f"{params / 1e6:.1f}M parameters, {args.steps} steps, a checkpoint every {args.every}; torch threads: {threads}"
+        f"{params / 1e6:.1f}M parameters on {args.device}, {args.steps} steps, a checkpoint every {args.every}; "
+        f"torch threads: {threads}"
     )
     results: dict[str, Result] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
@@ -180,6 +190,20 @@ def main() -> None:
         f"save ({sync_blocked:.3f} s); checkpoint overhead on the run: sync {sync - base:+.1f} s, background "
         f"{background - base:+.1f} s"
     )
+    if args.json:
+        figures = {
+            "device": args.device,
+            "parameters": params,
+            "checkpoint_bytes": results["sync"].size,
+            "steps": args.steps,
+            "every": args.every,
+            "total_s": {mode: round(r.total, 3) for mode, r in results.items()},
+            "blocked_median_s": {m: round(statistics.median(results[m].blocked), 4) for m in ("sync", "async")},
+            "blocked_max_s": {m: round(max(results[m].blocked), 4) for m in ("sync", "async")},
+            "async_blocked_share_of_sync": round(async_blocked / sync_blocked, 4),
+            "overhead_share_of_run": {m: round(results[m].total / base - 1, 4) for m in ("sync", "async")},
+        }
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 def _through_hpc_train(args: argparse.Namespace) -> None:
