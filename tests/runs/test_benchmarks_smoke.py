@@ -168,7 +168,7 @@ def test_checkpoint_async_in_process(tmp_path: Path) -> None:
     blocked = rf"training blocked per checkpoint: median {NUM} s, max {NUM} s; the write itself: median {NUM} s"
     assert_lines(
         out,  # checkpoints.md's table: blocked per checkpoint (median, max), the write itself, total run time
-        rf"{NUM}M parameters, 4 steps, a checkpoint every 2; torch threads: \d+",
+        rf"{NUM}M parameters on cpu, 4 steps, a checkpoint every 2; torch threads: \d+",
         rf" none: total {NUM} s",
         rf" sync: total {NUM} s; checkpoint {NUM} GiB; {blocked}",
         rf"async: total {NUM} s; checkpoint {NUM} GiB; {blocked}",

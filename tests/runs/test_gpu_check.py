@@ -36,7 +36,11 @@ def test_without_a_gpu_the_check_measures_the_start_up_and_says_what_it_skipped(
     assert report["gpu"] is False and set(report["skipped"]) == {"tests", "bench", "checkpoint"}
     assert "not measured: bench (no GPU: torch sees none" in said
     startup = report["startup"]
-    assert startup["first_cuda_allocation_s"] is None and 0 < startup["import_torch_s"] < startup["import_phase_s"]
+    # (import torch alone and the rank's import phase are timed in different processes: on a loaded machine the
+    # first came out longer than the second, so the test does not compare them)
+    assert (
+        startup["first_cuda_allocation_s"] is None and startup["import_torch_s"] > 0 and startup["import_phase_s"] > 0
+    )
     assert startup["phases_s"]["first_step"] > 0 and 0 < startup["own_s"] < startup["import_phase_s"]
     assert startup["slowest_imports"][0][0] == "torch", startup["slowest_imports"]  # the heaviest, by far
     assert sorted(p.name for p in out.iterdir()) == ["gpu-check.json", "importtime.txt"]
