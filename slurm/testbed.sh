@@ -6,6 +6,21 @@
 #   slurm/testbed.sh status    # what runs, and sinfo
 #   slurm/testbed.sh stop      # cancel jobs, stop daemons, remove namespaces and the /etc/hosts lines it added
 #   slurm/testbed.sh stop-dbd  # stop slurmdbd only (to see hpc_train work where sacct does not)
+#   eval "$(slurm/testbed.sh env)"  # this generation's client commands first on PATH, with their config
+#
+# Two Slurm generations, one at a time: HPC_TESTBED_SLURM=22.05 (the default: Debian 12's packages) or 24.11
+# (Debian 13's slurm-wlm 24.11.5, which cannot be installed over Debian 12's libraries). For 24.11, `install`
+# downloads Debian 13's Slurm packages and their libraries with an apt configuration of its own (this machine's
+# packages and sources stay as they are), unpacks them under $HPC_TESTBED_CACHE/slurm-24.11/root, and points
+# each binary at that tree's loader and libraries (patchelf), so that they run beside Debian 12's without
+# touching them. Why not a Debian 13 root file system (debootstrap): the jobs' steps must run this machine's
+# Python and virtual environments, which would then have to be bind-mounted into it with every library they
+# load; here only Slurm's own processes are 24.11, and everything a job runs is the machine's own. slurmd finds
+# slurmstepd at the path it was built with (/usr/sbin/slurmstepd, Debian 12's here): each 24.11 node runs in a
+# mount namespace of its own where that path is the 24.11 one. The 24.11 testbed keeps its state (configs,
+# MariaDB's data, logs) in $HPC_TESTBED_DIR, /var/lib/hpc-train-testbed-24.11 by default, and writes nothing
+# in /etc/slurm; it uses the same nodes, partitions, fake GPUs, ports and munge as the 22.05 one, so `start`
+# refuses while the other generation runs.
 #
 # Each node is a network namespace with its own hostname (node1, node2, ...) and address (10.77.0.11, ...) on a
 # bridge; the controller and slurmdbd run in the root namespace at 10.77.0.1. Two partitions of different node
@@ -25,14 +40,39 @@ GPU_MEM_MB=8192
 GPUS=2                                 # fake GPUs per GPU node: character devices listed in gres.conf
 GPU_MAX_TIME=02:00:00
 TOTAL=$((NODES + GPU_NODES))
-STATE=${HPC_TESTBED_DIR:-/var/lib/hpc-train-testbed}
+SLURM_GENERATION=${HPC_TESTBED_SLURM:-22.05}
+CACHE=${HPC_TESTBED_CACHE:-/var/cache/hpc-train-testbed}
+case $SLURM_GENERATION in
+22.05)
+    STATE=${HPC_TESTBED_DIR:-/var/lib/hpc-train-testbed}
+    OTHER_STATE=/var/lib/hpc-train-testbed-24.11
+    CONF_DIR=/etc/slurm
+    PLUGIN_DIR=
+    ;;
+24.11)
+    STATE=${HPC_TESTBED_DIR:-/var/lib/hpc-train-testbed-24.11}
+    OTHER_STATE=/var/lib/hpc-train-testbed
+    CONF_DIR=$STATE/etc
+    ROOT=$CACHE/slurm-24.11/root  # Debian 13's packages, unpacked and patched by `install`
+    LIBS=$ROOT/usr/lib/x86_64-linux-gnu
+    PLUGIN_DIR=$LIBS/slurm-wlm
+    # The clients and daemons by their usual names (the daemons' names are what `alive` checks).
+    export PATH=$CACHE/slurm-24.11/bin:$CACHE/slurm-24.11/sbin:$PATH
+    export SLURM_CONF=$CONF_DIR/slurm.conf
+    ;;
+*)
+    echo "testbed: error: HPC_TESTBED_SLURM=$SLURM_GENERATION is not a generation this testbed runs: 22.05 or 24.11" >&2
+    exit 2
+    ;;
+esac
 SUBNET=10.77.0
 BRIDGE=hpctb0
 TAG="# hpc-train-testbed"
 CLUSTER=testbed
-CONF=/etc/slurm/slurm.conf
-DBD_CONF=/etc/slurm/slurmdbd.conf
-GRES_CONF=/etc/slurm/gres.conf
+CONF=$CONF_DIR/slurm.conf
+DBD_CONF=$CONF_DIR/slurmdbd.conf
+GRES_CONF=$CONF_DIR/gres.conf
+CLIENTS=(sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol sdiag sinfo sprio squeue sreport srun sshare sstat strigger)
 SOCKET=$STATE/run/mysqld.sock
 CTL_HOST=$(hostname -s)
 
@@ -66,20 +106,69 @@ need_root() { [ "$(id -u)" = 0 ] || die "needs root (it starts daemons and creat
 cmd_install() {
     need_root
     local missing=()
-    for pkg in slurm-wlm munge slurmdbd mariadb-server iproute2; do
+    local needed=(slurm-wlm munge slurmdbd mariadb-server iproute2)
+    [ "$SLURM_GENERATION" = 22.05 ] || needed+=(patchelf)
+    for pkg in "${needed[@]}"; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if [ ${#missing[@]} -eq 0 ]; then
         log "packages already installed"
+    else
+        log "installing ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    [ "$SLURM_GENERATION" = 22.05 ] || install_trixie_slurm
+}
+
+# Slurm 24.11 from Debian 13 (trixie) beside Debian 12's: its packages and every library they need, downloaded
+# with an apt configuration of this testbed's own (an empty package status, so apt fetches the whole closure),
+# unpacked under $ROOT; every executable then loads $ROOT's loader and libraries, and every library looks in
+# $ROOT first (patchelf). The daemons and clients get their usual names in $CACHE/slurm-24.11/{sbin,bin}.
+install_trixie_slurm() {
+    local top=$CACHE/slurm-24.11
+    if [ -x "$top/sbin/slurmd" ] && [ -s "$top/installed" ]; then
+        log "Slurm $(cat "$top/installed") already installed in $top"
         return
     fi
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    local apt=$top/apt
+    mkdir -p "$apt"/{lists/partial,cache/archives/partial,state}
+    : >"$apt/status"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+        >"$apt/sources.list"
+    local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+        -o "Dir::State=$apt/state" -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+        -o "Dir::State::status=$apt/status" -o Debug::NoLocking=1 -o APT::Architecture=amd64)
+    log "downloading Debian 13's Slurm 24.11 and its libraries into $apt"
+    apt-get "${opts[@]}" update -qq
+    apt-get "${opts[@]}" install -qq -y --download-only --no-install-recommends \
+        slurmd slurmctld slurm-client slurmdbd >/dev/null
+    rm -rf "$ROOT" "$top/bin" "$top/sbin" "$top/installed"
+    mkdir -p "$ROOT" "$top/bin" "$top/sbin"
+    for deb in "$apt"/cache/archives/*.deb; do dpkg-deb -x "$deb" "$ROOT"; done
+    local loader=$LIBS/ld-linux-x86-64.so.2 search=$PLUGIN_DIR:$LIBS file
+    for file in "$ROOT"/usr/bin/* "$ROOT"/usr/sbin/*; do
+        [ -f "$file" ] && [ ! -L "$file" ] && [ "$(head -c4 "$file" | tail -c3)" = ELF ] || continue
+        # DT_RPATH (forced), not RUNPATH: it also applies to what the plugins that Slurm dlopen()s need.
+        patchelf --set-interpreter "$loader" --force-rpath --set-rpath "$search" "$file"
+    done
+    while IFS= read -r file; do
+        case $file in */ld-linux-x86-64.so.2 | */libc.so.6) continue ;; esac
+        [ "$(head -c4 "$file" | tail -c3)" = ELF ] || continue
+        patchelf --set-rpath "$search" "$file"
+    done < <(find "$LIBS" -type f -name '*.so*')
+    for name in "${CLIENTS[@]}"; do ln -s "$ROOT/usr/bin/$name" "$top/bin/$name"; done
+    for name in slurmctld slurmd slurmdbd slurmstepd; do
+        local built=$ROOT/usr/sbin/$name
+        [ -e "$built" ] || built=$ROOT/usr/sbin/$name-wlm  # Debian's alternatives name them slurmd-wlm, ...
+        ln -s "$built" "$top/sbin/$name"
+    done
+    dpkg-deb -f "$(ls "$apt"/cache/archives/slurmd_*.deb)" Version >"$top/installed"  # written last: a whole install
+    log "installed Slurm $(cat "$top/installed") in $top"
 }
 
 write_configs() {
-    mkdir -p "$STATE"/{ctld,spool,log,run,mysql,dev} /etc/slurm
+    mkdir -p "$STATE"/{ctld,spool,log,run,mysql,dev} "$CONF_DIR"
     for g in $(seq 0 $((GPUS - 1))); do
         # The same major/minor as /dev/null: slurmd only needs a device file to hand out.
         [ -c "$STATE/dev/gpu$g" ] || mknod "$STATE/dev/gpu$g" c 1 3
@@ -90,6 +179,7 @@ write_configs() {
     {
         echo "$TAG: generated by slurm/testbed.sh; removed by nothing, rewritten by every start"
         echo "ClusterName=$CLUSTER"
+        [ -z "$PLUGIN_DIR" ] || echo "PluginDir=$PLUGIN_DIR"
         echo "SlurmctldHost=$CTL_HOST($SUBNET.1)"
         echo "SlurmUser=root"
         echo "SlurmdUser=root"
@@ -140,6 +230,7 @@ write_configs() {
     } >"$GRES_CONF"
     {
         echo "$TAG"
+        [ -z "$PLUGIN_DIR" ] || echo "PluginDir=$PLUGIN_DIR"
         echo "AuthType=auth/munge"
         echo "DbdHost=localhost"
         echo "SlurmUser=root"
@@ -236,7 +327,12 @@ start_slurmd() {
         mkdir -p "$STATE/spool/node$i"
         # Own network namespace and hostname. Not `ip netns exec`: it remounts /sys and slurmd then dies with
         # "No filesystem mounted on /sys/fs/cgroup".
-        nsenter --net="/run/netns/hpctb-node$i" unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
+        if [ "$SLURM_GENERATION" = 22.05 ]; then
+            nsenter --net="/run/netns/hpctb-node$i" unshare --uts sh -c "hostname node$i && exec slurmd -N node$i"
+        else  # its own mount namespace too, where /usr/sbin/slurmstepd (the path slurmd was built with) is 24.11's
+            nsenter --net="/run/netns/hpctb-node$i" unshare --uts --mount --propagation private sh -c \
+                "mount --bind '$CACHE/slurm-24.11/sbin/slurmstepd' /usr/sbin/slurmstepd && hostname node$i && exec slurmd -N node$i"
+        fi
     done
 }
 
@@ -249,7 +345,10 @@ nodes_idle() {
 cmd_start() {
     need_root
     command -v slurmctld >/dev/null && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null ||
-        die "Slurm, slurmdbd or MariaDB is not installed: run '$0 install' first"
+        die "Slurm $SLURM_GENERATION, slurmdbd or MariaDB is not installed: run 'HPC_TESTBED_SLURM=$SLURM_GENERATION $0 install' first"
+    if alive "$(pid_of "$OTHER_STATE/run/slurmctld.pid")" slurmctld; then
+        die "the other Slurm generation's testbed runs (state in $OTHER_STATE): stop it first (its nodes, ports and munge are these)"
+    fi
     local t0=$SECONDS
     write_configs
     start_munge
@@ -266,7 +365,7 @@ cmd_start() {
         [ $SECONDS -lt $deadline ] || { sinfo -N >&2; die "nodes did not become idle within 60s (logs: $STATE/log)"; }
         sleep 0.5
     done
-    log "up in $((SECONDS - t0))s: controller $CTL_HOST ($SUBNET.1), nodes node[1-$TOTAL] (partition gpu: $GPU_NODES with $GPUS GPUs), accounting on"
+    log "up in $((SECONDS - t0))s: $(sinfo --version), controller $CTL_HOST ($SUBNET.1), nodes node[1-$TOTAL] (partition gpu: $GPU_NODES with $GPUS GPUs), accounting on"
 }
 
 kill_pidfile() {
@@ -330,12 +429,24 @@ cmd_status() {
     sinfo -N 2>/dev/null || true
 }
 
+# What a shell (or hpc_train) needs to drive this generation as it would a cluster: its clients first on PATH,
+# and its config. For `eval "$(slurm/testbed.sh env)"`.
+cmd_env() {
+    if [ "$SLURM_GENERATION" = 22.05 ]; then
+        echo "export SLURM_CONF=$CONF"
+    else
+        printf 'export PATH=%q:"$PATH"\n' "$CACHE/slurm-24.11/bin"
+        printf 'export SLURM_CONF=%q\n' "$CONF"
+    fi
+}
+
 case ${1:-} in
 install) cmd_install ;;
+env) cmd_env ;;
 start) cmd_start ;;
 stop) cmd_stop ;;
 stop-dbd) cmd_stop_dbd ;;
 start-dbd) need_root && start_slurmdbd ;;
 status) cmd_status ;;
-*) die "usage: $0 install|start|stop|status|stop-dbd|start-dbd" ;;
+*) die "usage: [HPC_TESTBED_SLURM=22.05|24.11] $0 install|start|stop|status|env|stop-dbd|start-dbd" ;;
 esac

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
+TESTBED = REPO / "slurm" / "testbed.sh"
 """hpc_train's own config groups, at the top of the repository; the wheel ships them as hpc_train/conf."""
 
 
@@ -61,7 +62,51 @@ LONGEST_FIRST = (
 workers (by module), so that none of them starts last and leaves a worker running alone at the end."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+GENERATIONS = ("22.05", "24.11")
+"""The Slurm generations the testbed runs (slurm/testbed.sh, HPC_TESTBED_SLURM); 22.05 is the default."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slurm",
+        choices=GENERATIONS,
+        default=os.environ.get("HPC_TESTBED_SLURM", "22.05"),
+        help="the testbed's Slurm generation; on any but 22.05 only the tests marked `generations` run",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    generation = config.getoption("--slurm")
+    if generation == "22.05":
+        return
+    # The generation's clients first on PATH, with their config: what `eval "$(slurm/testbed.sh env)"` does in a
+    # shell. Every test, hpc_train and the jobs' own steps (sbatch passes the environment on) then drive it.
+    said = subprocess.run(
+        ["bash", "-c", f'eval "$({TESTBED} env)" && printf "%s\\0%s" "$PATH" "$SLURM_CONF"'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "HPC_TESTBED_SLURM": generation},
+        check=True,
+    )
+    os.environ["PATH"], os.environ["SLURM_CONF"] = said.stdout.split("\0")
+    os.environ["HPC_TESTBED_SLURM"] = generation
+
+
+def _only_generations(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a testbed of another generation than 22.05, only the tests marked ``generations`` run."""
+    generation = config.getoption("--slurm")
+    if generation == "22.05":
+        return
+    skip = pytest.mark.skip(reason=f"runs on 22.05 only (--slurm {generation}: the tests marked `generations`)")
+    for item in items:
+        if "generations" not in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _only_generations(config, items)
+
     def place(item: pytest.Item) -> int:
         module = item.nodeid.split("::")[0]
         first = [i for i, name in enumerate(LONGEST_FIRST) if module == name]

@@ -30,6 +30,7 @@ __all__ = [
     "parse_cluster",
     "read_live",
     "slurm_minutes",
+    "slurm_version",
 ]
 
 QUERY_TIMEOUT_S = 15
@@ -59,6 +60,8 @@ class ClusterFacts:
     qos: tuple[str, ...] | None
     source: str
     """Where the facts come from, for messages: Slurm itself, or the profile's record."""
+    slurm_version: str | None = None
+    """The Slurm the clients speak to (``sinfo --version``: ``24.11.5``); None where not known."""
 
     @property
     def default_partition(self) -> Partition | None:
@@ -73,6 +76,7 @@ class ClusterFacts:
             },
             "accounts": list(self.accounts) if self.accounts is not None else None,
             "qos": list(self.qos) if self.qos is not None else None,
+            "slurm_version": self.slurm_version,
         }
 
     @classmethod
@@ -83,7 +87,11 @@ class ClusterFacts:
         }
         accounts, qos = record.get("accounts"), record.get("qos")
         return cls(
-            parts, tuple(accounts) if accounts is not None else None, tuple(qos) if qos is not None else None, source
+            parts,
+            tuple(accounts) if accounts is not None else None,
+            tuple(qos) if qos is not None else None,
+            source,
+            record.get("slurm_version"),
         )
 
 
@@ -182,7 +190,14 @@ def read_live(ask: Callable[[list[str]], str | None] = _ask) -> ClusterFacts | N
         return None
     accounts = _names(ask(["sacctmgr", "-nP", "show", "account", "format=account"]))
     qos = _names(ask(["sacctmgr", "-nP", "show", "qos", "format=name"]))
-    return ClusterFacts(parse_cluster(partitions, nodes), accounts, qos, "asked Slurm just now")
+    return ClusterFacts(parse_cluster(partitions, nodes), accounts, qos, "asked Slurm just now", slurm_version(ask))
+
+
+def slurm_version(ask: Callable[[list[str]], str | None] = _ask) -> str | None:
+    """The Slurm the clients on PATH belong to, as ``sinfo --version`` says (``slurm-wlm 24.11.5`` ->
+    ``24.11.5``); None where there is none."""
+    found = re.search(r"\b(\d+\.\d+\.\d+)\b", ask(["sinfo", "--version"]) or "")
+    return found.group(1) if found else None
 
 
 def facts_for(cluster: ClusterConfig, live: bool) -> ClusterFacts | None:

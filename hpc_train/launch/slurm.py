@@ -41,6 +41,7 @@ from hpc_train.launch.sbatch import (
 )
 from hpc_train.launch.shapes import format_shape_table, shape_table
 from hpc_train.launch.state import job_state
+from hpc_train.runtime.grow import requeue_goes_behind
 from hpc_train.runtime.timeouts import derive_lead, kill_wait_s, measured, timeouts
 
 __all__ = ["follow_slurm", "launch_slurm", "submit_slurm"]
@@ -255,12 +256,23 @@ def _what_was_checked(facts: ClusterFacts | None, test_only: bool) -> str:
     if test_only:
         checks.append("by Slurm itself (sbatch --test-only)")
     if checks:
-        return f"hpc_train: dry run checked the request {' and '.join(checks)}."
+        return f"hpc_train: dry run checked the request {' and '.join(checks)}.{_generation(facts)}"
     return (
         "hpc_train: dry run did NOT check the request: no Slurm answers here and the profile records no "
         "cluster.facts, so the partition, node count, memory and time limit are unchecked. HINT: run the dry run "
         "on a login node, or write the profile there with `python -m hpc_train.profile --write NAME`."
     )
+
+
+def _generation(facts: ClusterFacts | None) -> str:
+    """Which Slurm the request went to, and the rule of its generation that hpc_train applies (the behaviours
+    that do not differ from 22.05 to 24.11 are in docs/slurm-reference.md)."""
+    version = facts.slurm_version if facts is not None else None
+    if version is None:
+        return ""
+    behind, why = requeue_goes_behind(version, None, None, requeued=False)
+    rule = "a growth waits while other jobs wait in the partition" if behind else "a growth does not wait for others"
+    return f" {why}, so {rule}."
 
 
 def _submit_sbatch(script: Path, spec: JobSpec) -> tuple[str, list[str]]:

@@ -11,6 +11,10 @@ jobs pending ahead). For the largest count of the range that would, it estimates
   requeues, else Slurm's cred_expire + 1 s, which a requeued job waits before it may start) and a start-up (the
   run's measured ones).
 
+Where a requeue sends the job back behind the jobs submitted before it (Slurm from 24.05.5 resets a requeued
+job's submit time; 22.05 keeps it), a growth could hand the job's own nodes to a job already waiting: then it
+grows only while no other job waits in its partition (``requeue_goes_behind``, ``pending_jobs``).
+
 When the gain is larger it says so with the figures, records the decision (``status/growths.json``) and passes the
 stop signal to the training step: the ranks checkpoint and rank 0 requeues the job, as after a preemption notice.
 The requeued job asks for the range again, so it never waits for the larger count: it starts on what is free
@@ -22,6 +26,7 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,11 +48,27 @@ from hpc_train.runtime.estimates import (
 )
 from hpc_train.runtime.timeouts import slurm_config
 
-__all__ = ["AT_ONCE_S", "Estimate", "checkpoint_cost_s", "estimate", "larger_count", "requeue_gap_s", "step_now"]
+__all__ = [
+    "AT_ONCE_S",
+    "Estimate",
+    "checkpoint_cost_s",
+    "estimate",
+    "job_submit_time",
+    "larger_count",
+    "pending_jobs",
+    "requeue_gap_s",
+    "requeue_goes_behind",
+    "step_now",
+]
 
 AT_ONCE_S = 60.0
 """A start Slurm expects within this long counts as at once (its estimate has a resolution of seconds and the
 scheduler runs every few)."""
+REQUEUE_BEHIND_FROM = (24, 5, 5)
+"""From this Slurm on a requeue resets the job's submit time (SchedMD's changelog: 24.05.5 and 24.11.0; seen on
+the testbed's 24.11.5, where a requeued job waited behind a job submitted before the requeue), so among equal
+priorities it queues again behind every job submitted before it. 22.05 keeps the submit time (the testbed)."""
+QUERY_TIMEOUT_S = 15
 SLURM_CRED_EXPIRE_S = 120
 """Slurm's default cred_expire: a requeued job may start only cred_expire + 1 s after it ended."""
 
@@ -216,3 +237,47 @@ def _cred_expire_s() -> int | None:
     """AuthInfo's cred_expire from ``scontrol show config`` (None: not set there, or no answer)."""
     found = re.search(r"\bcred_expire=(\d+)", slurm_config("AuthInfo") or "")
     return int(found.group(1)) if found else None
+
+
+def requeue_goes_behind(
+    version: str | None, submitted: float | None, first_start: float | None, requeued: bool
+) -> tuple[bool, str]:
+    """Whether this job, requeued now, would queue behind the jobs submitted before the requeue, and why: as seen
+    on the job itself once it has been requeued (its ``submitted`` time, from Slurm, later than its
+    ``first_start``), else from the Slurm ``version`` (``REQUEUE_BEHIND_FROM``)."""
+    if requeued and submitted is not None and first_start is not None:
+        if submitted > first_start:
+            return True, "seen on this job: its requeue moved its submit time to the requeue"
+        return False, "seen on this job: its requeue kept its submit time"
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    if found is None:
+        return False, "the Slurm version is not known here"
+    if tuple(int(g) for g in found.groups()) >= REQUEUE_BEHIND_FROM:
+        return True, f"Slurm {version}: a requeue resets the job's submit time (from 24.05.5)"
+    return False, f"Slurm {version}: a requeue keeps the job's submit time (before 24.05.5)"
+
+
+def _query(argv: list[str]) -> str | None:
+    """A Slurm command's stdout; None where it fails or does not answer in time."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def job_submit_time(job_id: str) -> float | None:
+    """The job's SubmitTime (``scontrol show job``), as a time.time() value; None where Slurm does not say."""
+    found = re.search(r"\bSubmitTime=(\S+)", _query(["scontrol", "show", "job", "-o", job_id]) or "")
+    try:
+        return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) if found else None
+    except ValueError:  # ("Unknown", or a format of another Slurm)
+        return None
+
+
+def pending_jobs(partition: str, own: str) -> list[str] | None:
+    """The other jobs waiting in ``partition`` (``squeue -t PD``); None where Slurm does not answer."""
+    said = _query(["squeue", "-h", "-t", "PD", "-p", partition, "-o", "%A"])
+    if said is None:
+        return None
+    return sorted({job for job in said.split() if job != own})

@@ -41,15 +41,31 @@ from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, FailureKind, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.textutil import asked_for
+from hpc_train.core.textutil import asked_for, plural
 from hpc_train.mirror.pull import StoryNotRestored, restore_story
 from hpc_train.runtime.failures import Failure, SrunReport, classify
-from hpc_train.runtime.grow import checkpoint_cost_s, estimate, larger_count, requeue_gap_s
+from hpc_train.runtime.grow import (
+    checkpoint_cost_s,
+    estimate,
+    job_submit_time,
+    larger_count,
+    pending_jobs,
+    requeue_gap_s,
+    requeue_goes_behind,
+)
 from hpc_train.runtime.ledger import AttemptLedger
 from hpc_train.runtime.pack import in_pack, member_srun_options, run_pack
 from hpc_train.runtime.retry import RetryBudget, attempt_progressed, pick_nodes
 from hpc_train.runtime.srun import SrunStep, say, step_argv
-from hpc_train.runtime.timeouts import KILL_WAIT_VARIABLE, derive_lead, job_end_time, kill_wait_s, measured, timeouts
+from hpc_train.runtime.timeouts import (
+    KILL_WAIT_VARIABLE,
+    derive_lead,
+    job_end_time,
+    kill_wait_s,
+    measured,
+    slurm_config,
+    timeouts,
+)
 from hpc_train.tracking import ensure_runs
 from hpc_train.train.stopping import StopSignals, signal_number
 
@@ -379,6 +395,10 @@ class Supervisor:
         if count is None:
             say(f"growth check: no more nodes than {len(nodes)} would start at once", sys.stdout)
             return
+        behind = self._queued_behind_after_requeue()
+        if behind is not None:
+            say(f"growth check: {count} nodes would start at once, but {behind}: not growing", sys.stdout)
+            return
         gap, checkpoint = requeue_gap_s(self.ledger.allocations), checkpoint_cost_s(self.rd.requeue_records())
         found = estimate(self.cfg, self.ledger.attempts, progress, (len(nodes), count), gap, checkpoint)
         if found is None:
@@ -390,6 +410,26 @@ class Supervisor:
         self.ledger.add_growth(found.record(self.job.allocation[0], number, found.step, time.time()))
         self.grow_check_at = math.inf
         self._tell_to_stop(step)
+
+    def _queued_behind_after_requeue(self) -> str | None:
+        """Why a requeue now would send this job behind jobs that wait for nodes (and could take its own): other
+        jobs wait in its partition, and on this Slurm a requeued job queues again behind them. None: it would not,
+        as far as Slurm says."""
+        job_id = self.job.allocation[0]
+        starts = [a.start for a in self.ledger.allocations if a.job_id == job_id]
+        behind, why = requeue_goes_behind(
+            slurm_config("SLURM_VERSION"), job_submit_time(job_id), min(starts, default=None), self.job.requeues > 0
+        )
+        partition = self.environ.get("SLURM_JOB_PARTITION", "")
+        if not behind or not partition:
+            return None
+        waiting = pending_jobs(partition, job_id)
+        if not waiting:
+            return None
+        return (
+            f"{plural(len(waiting), 'other job')} wait in partition {partition} ({', '.join(waiting[:5])}) and a "
+            f"requeued job would queue behind them, its nodes free for them ({why})"
+        )
 
     def _may_grow(self, training: int) -> bool:
         """This job may come back larger: it asked for a range that holds more than ``training`` nodes, checks

@@ -73,7 +73,7 @@ def profile_yaml(name: str, part: Partition, facts: ClusterFacts, recorded: str)
     return (
         f"# Cluster profile {name!r}, written by `python -m hpc_train.profile --write {name}` on {recorded}\n"
         f"# from partition {part.name}: {_gpus(part)} GPUs, {part.cpus} CPUs and {part.mem_mb} MB per node, "
-        f"max time {_time(part.max_time_min)}.\n"
+        f"max time {_time(part.max_time_min)}; Slurm {facts.slurm_version or 'of an unknown version'}.\n"
         f"# Use it with `hpc-train cluster={name}`; override anything on the command line (cluster.nodes=2).\n"
         "# Your environment's setup lines are shell, run before training on the compute nodes: under slurm:, add\n"
         '#   setup: ["module load cuda/12.4", "source $HOME/venvs/train/bin/activate"]\n'
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return ExitCode.FAILED
     print(table(facts))
+    print(f"Slurm {facts.slurm_version or 'of an unknown version (sinfo --version did not say)'}")
     if facts.accounts is not None:
         print(f"accounts: {', '.join(facts.accounts)}; QoS: {', '.join(facts.qos or ())}")
     if args.write:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO
+from ..conftest import TESTBED
 
-TESTBED = REPO / "slurm" / "testbed.sh"
 # cluster.status_every_s=1: the tests act on steps they read from the ranks' statuses (wait_for_ranks); at the
 # default 10 s a short test run could end before its statuses say the step it waits for.
 FRESH = "cluster.status_every_s=1"
@@ -21,6 +20,15 @@ SLURM_2X1 = ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "da
 """Two nodes, one rank each: still across nodes, at half the CPU of 2 x 2 on the testbed's 2 real cores (for
 tests of a user's script, whose every rank imports its framework)."""
 """2 nodes x 2 ranks on the testbed's default partition, with data enough for several batches per rank."""
+
+
+def _version() -> str:
+    """What the Slurm on PATH says it is: ``24.11.5``, or '' without one."""
+    try:
+        said = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=20, check=False)
+    except OSError:
+        return ""
+    return said.stdout.split()[-1] if said.returncode == 0 and said.stdout.strip() else ""
 
 
 def _nodes_idle() -> bool:
@@ -33,9 +41,10 @@ def testbed() -> None:
     """Skip (saying why) where a testbed cannot exist; otherwise make sure it is up and idle."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm testbed needs root (it starts daemons and network namespaces)")
-    if shutil.which("slurmctld") is None:
+    generation = os.environ.get("HPC_TESTBED_SLURM", "22.05")
+    if not _version().startswith(generation + ".") or shutil.which("slurmctld") is None:
         if shutil.which("apt-get") is None:
-            pytest.skip("Slurm is not installed and apt-get is missing: cannot install the testbed")
+            pytest.skip(f"Slurm {generation} is not installed and apt-get is missing: cannot install the testbed")
         subprocess.run([str(TESTBED), "install"], check=True, timeout=900)
     if not _nodes_idle():
         subprocess.run([str(TESTBED), "start"], check=True, timeout=300)

@@ -116,6 +116,7 @@ def test_four_points_in_two_packs_run_side_by_side_and_train_as_unpacked(tmp_pat
     assert f"pack in job {array_id[1]}_1 (2 members, 1 allocation(s)): held " in where, where
 
 
+@pytest.mark.generations
 def test_a_preempted_pack_is_requeued_once_and_its_members_resume_exactly(tmp_path: Path) -> None:
     """Four members in one job (submitit): the two of 10 steps finish; then USR2 reaches one of the two of 1000
     steps (its step alone, as Slurm names it: member2), which stops and asks for a requeue; the pack passes the

@@ -57,6 +57,7 @@ def assert_requeued_and_exact(run_dir: Path, baseline: Baseline, job_id: str, re
     assert_bitwise_equal(baseline.ready(), run_dir)  # the resumed run ends exactly where the uninterrupted one does
 
 
+@pytest.mark.generations
 @pytest.mark.parametrize(
     ("submit_mode", "full"), [("submitit", False), ("sbatch", True)], ids=["submitit-steps", "sbatch-full"]
 )
@@ -94,6 +95,7 @@ def test_scontrol_requeue_checkpoints_on_sigterm(tmp_path: Path, baseline: Basel
     assert "signal 15" in (run_dir / "logs" / "rank_0.log").read_text()
 
 
+@pytest.mark.generations
 def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
     """USR2 to element 1 of a 2-element sweep: only it restarts (`scontrol requeue A_1`); both complete. On one
     node each, 120 steps take about a second (8,000 samples/s), less than a loaded machine takes to see step 20
@@ -122,6 +124,7 @@ def test_one_array_element_is_requeued_alone(tmp_path: Path) -> None:
     assert read_json(element.status_path(0))["step"] == 1000
 
 
+@pytest.mark.generations
 def test_watchdog_ends_a_hung_slurm_job(tmp_path: Path) -> None:
     """A rank that sleeps in a step (which --kill-on-bad-exit never sees): the live rank dumps its stacks into
     its log and, with restarts in the allocation turned off, the job ends FAILED within the watchdog time.

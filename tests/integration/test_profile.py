@@ -20,6 +20,7 @@ HPC_TRAIN = Path(sys.executable).parent / "hpc-train"
 SMALL = ["data.num_samples=2048", "model.hidden_sizes=[32]", "trainer.max_steps=5", "trainer.progress_bar=false"]
 
 
+@pytest.mark.generations
 def test_profile_lists_both_partitions(tmp_path: Path) -> None:
     proc = cli("hpc_train.profile", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -27,6 +28,8 @@ def test_profile_lists_both_partitions(tmp_path: Path) -> None:
     assert rows["debug*"] == ["debug*", "2", "0", "4", "4G", "unlimited", "yes", "UP"]
     assert rows["gpu"] == ["gpu", "1", "2", "(tesla)", "8", "8G", "02:00:00", "UP"]
     assert "accounts: root" in proc.stdout
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=20).stdout.split()[-1]
+    assert f"Slurm {version}\n" in proc.stdout  # the generation the testbed runs (pytest --slurm)
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,8 @@ def gpu_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = cli("hpc_train.profile", "--write", "tbgpu", "--partition", "gpu", "--dir", str(conf), cwd=conf)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == f"hpc-train --config-dir {conf} cluster=tbgpu"
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=20).stdout.split()[-1]
+    assert f"slurm_version: {version}\n" in (conf / "cluster" / "tbgpu.yaml").read_text()
     return conf
 
 

@@ -85,6 +85,7 @@ def status_of(run_dir: Path) -> dict[str, object]:
     return json.loads(out)[0]  # type: ignore[no-any-return]
 
 
+@pytest.mark.generations
 def test_killed_rank_restarts_on_the_spare_node_exactly(tmp_path: Path) -> None:
     baseline = tmp_path / "baseline" / "run"
     baseline.parent.mkdir()
@@ -123,6 +124,7 @@ def test_killed_rank_restarts_on_the_spare_node_exactly(tmp_path: Path) -> None:
     assert_bitwise_equal(baseline, run_dir)
 
 
+@pytest.mark.generations
 def test_without_a_spare_the_job_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> None:
     """3 nodes, cluster.min_nodes=2, no spare: a rank on node3 SIGKILLed at step 40, and the same job (Slurm's
     Restarts still 0) completes on node1 and node2 from the newest checkpoint, with the same global batch."""
@@ -193,6 +195,7 @@ def test_lost_node_is_replaced_by_the_spare(tmp_path: Path) -> None:
     assert (run_dir / "model_final.pt").is_file()
 
 
+@pytest.mark.generations
 def test_killed_script_rank_without_spare_reuses_the_node(tmp_path: Path) -> None:
     """sbatch mode and a user's script that saves every 10 steps: its process on node2 is SIGKILLed, the next
     attempt runs on node1 and node2 again and resumes from the script's own checkpoint. (One rank a node: the

@@ -38,6 +38,7 @@ def assert_trained_on_two_hosts(run_dir: Path, ranks: int = 4) -> None:
     assert (run_dir / "model_final.pt").is_file()
 
 
+@pytest.mark.generations
 def test_submitit_two_nodes_by_two_tasks(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = cli(
@@ -81,6 +82,7 @@ def trivial_container(tmp_path: Path) -> tuple[Path, Path]:
     return wrapper, log
 
 
+@pytest.mark.generations
 def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     """The script of a dry run, submitted by hand; cluster.container wraps the batch step and every rank."""
     wrapper, wrapped = trivial_container(tmp_path)
@@ -90,6 +92,9 @@ def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     assert "nothing submitted" in dry.stdout and "CUDA_VISIBLE_DEVICES" in dry.stdout
     checked = "dry run checked the request against the cluster's partitions and limits (asked Slurm just now)"
     assert f"{checked} and by Slurm itself (sbatch --test-only)" in dry.stdout, dry.stdout[-1000:]
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=20).stdout.split()[-1]
+    rule = {"22.05": "keeps the job's submit time (before", "24.11": "resets the job's submit time (from"}
+    assert f" Slurm {version}: a requeue {rule[version[:5]]}" in dry.stdout, dry.stdout[-1000:]
     assert not (run_dir / "job.json").exists()
     script = run_dir / "job.sbatch"
     job_id = subprocess.run(
@@ -104,6 +109,7 @@ def test_generated_script_with_plain_sbatch(tmp_path: Path) -> None:
     assert sorted(workers) == ["node1", "node1", "node2", "node2"], lines
 
 
+@pytest.mark.generations
 def test_training_in_an_salloc_allocation(tmp_path: Path) -> None:
     """Inside `salloc -N2` (no step yet), cluster.submit=here trains on the allocation's nodes with srun: no new
     job, the same supervisor, and the container wrapper on every rank."""
@@ -130,6 +136,7 @@ def test_training_in_an_salloc_allocation(tmp_path: Path) -> None:
     assert json.loads(status.stdout)[0]["state"] == "COMPLETED", status.stdout
 
 
+@pytest.mark.generations
 def test_sweep_is_one_array(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     # Two nodes an element, one rank a node: test_pack_slurm submits arrays of two ranks a node.
@@ -218,6 +225,7 @@ def test_unknown_partition_is_refused_before_submission(tmp_path: Path, dry_run:
     assert not (tmp_path / "run" / "job.json").exists()
 
 
+@pytest.mark.generations
 def test_test_only_refusal_names_the_key(tmp_path: Path) -> None:
     """A request only Slurm can judge (a node feature no node has) is refused by sbatch --test-only: Slurm's
     words plus the key to change, without a traceback, and nothing queued."""
@@ -239,6 +247,7 @@ def _rank_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
     raise AssertionError(f"rank {rank} never reported a step")
 
 
+@pytest.mark.generations
 def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
     testbed = Path(__file__).resolve().parents[2] / "slurm" / "testbed.sh"
     subprocess.run([str(testbed), "stop-dbd"], check=True, timeout=60)
@@ -273,6 +282,7 @@ def test_status_without_slurmdbd_and_after_sigkill(tmp_path: Path) -> None:
         subprocess.run([str(testbed), "start-dbd"], check=True, timeout=60)
 
 
+@pytest.mark.generations
 def test_real_slurm_variables_resolve(tmp_path: Path) -> None:
     """Uneven layout (3 tasks on 2 nodes) and the outside-a-step error, on real SLURM_* variables."""
     probe = (

@@ -132,7 +132,13 @@ def test_without_accounting_accounts_are_not_checked() -> None:
 
 
 def test_live_reading_goes_through_scontrol_and_sacctmgr() -> None:
-    answers = {"partition": PARTITIONS, "node": NODES, "account": "proj1|\nproj2|\n", "qos": "normal\n"}
+    answers = {
+        "partition": PARTITIONS,
+        "node": NODES,
+        "account": "proj1|\nproj2|\n",
+        "qos": "normal\n",
+        "--version": "slurm-wlm 24.11.5\n",
+    }
     asked: list[list[str]] = []
 
     def ask(argv: list[str]) -> str | None:
@@ -142,6 +148,9 @@ def test_live_reading_goes_through_scontrol_and_sacctmgr() -> None:
     facts = read_live(ask)
     assert facts is not None and set(facts.partitions) == {"cpu", "gpu", "short"}
     assert (facts.accounts, facts.qos) == (("proj1", "proj2"), ("normal",))
+    assert facts.slurm_version == "24.11.5"  # recorded in a profile, and read back from it
+    assert ClusterFacts.from_record(facts.to_record(), "a profile").slurm_version == "24.11.5"
+    assert ClusterFacts.from_record({"partitions": {}}, "an older profile").slurm_version is None
     assert read_live(lambda argv: None) is None  # no Slurm here: nothing to check against
     assert asked[0][:2] == ["scontrol", "show"]
 

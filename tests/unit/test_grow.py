@@ -11,7 +11,14 @@ import pytest
 
 from hpc_train.core.goodput import ledger
 from hpc_train.core.records import Allocation, AttemptRecord, Growth, Progress, RequeueEntry
-from hpc_train.runtime.grow import Estimate, checkpoint_cost_s, estimate, larger_count, requeue_gap_s
+from hpc_train.runtime.grow import (
+    Estimate,
+    checkpoint_cost_s,
+    estimate,
+    larger_count,
+    requeue_gap_s,
+    requeue_goes_behind,
+)
 from hpc_train.tools.api import compose_config
 
 RANGE = ["cluster=slurm", "cluster.nodes=4", "cluster.min_nodes=1", "trainer.max_steps=1000", "trainer.max_epochs=0"]
@@ -180,3 +187,18 @@ def test_the_ledger_measures_each_growth_from_the_decision_to_the_first_step_on_
     assert book.growth_s == 15.0
     assert book.reshapes[0].nodes_after == 4
     assert ledger(allocations, [before, after], now=100.0).growths == ()
+
+
+def test_a_requeue_goes_behind_the_queue_as_the_job_showed_else_as_its_slurm_version_says() -> None:
+    """From Slurm 24.05.5 a requeue resets the job's submit time (seen on the testbed's 24.11.5): a growth would
+    put the job behind every job waiting then, with its own nodes free for them. 22.05 keeps it (the testbed)."""
+    first = 1_000_000.0
+    assert requeue_goes_behind("24.11.5", None, None, requeued=False)[0]
+    assert requeue_goes_behind("24.05.5", None, first, requeued=False)[0]
+    assert not requeue_goes_behind("24.05.4", None, first, requeued=False)[0]
+    assert not requeue_goes_behind("22.05.8", None, first, requeued=False)[0]
+    assert requeue_goes_behind(None, None, first, requeued=False) == (False, "the Slurm version is not known here")
+    # Once requeued, what the job itself showed decides, whatever the version says.
+    moved = requeue_goes_behind("22.05.8", first + 60, first, requeued=True)
+    assert moved == (True, "seen on this job: its requeue moved its submit time to the requeue")
+    assert not requeue_goes_behind("24.11.5", first - 5, first, requeued=True)[0]
