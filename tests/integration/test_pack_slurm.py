@@ -189,6 +189,7 @@ def test_a_member_that_fails_ends_alone(tmp_path: Path, twins: Path) -> None:
     assert not status["ok"] and "fatal failure" in status["detail"], status
 
 
+@pytest.mark.generations
 def test_each_member_sees_only_its_own_gpu(tmp_path: Path) -> None:
     """The gpu partition's node has 2 fake GPUs (GRES): a pack of two 1-GPU members gets one each."""
     sweep_dir = tmp_path / "sweep"

@@ -48,6 +48,7 @@ def hpc_train(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(HPC_TRAIN), *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
+@pytest.mark.generations
 def test_written_profile_runs_a_job(gpu_profile: Path, tmp_path: Path) -> None:
     """The profile's job lands on the gpu partition: 2 tasks (one per GPU), each seeing the node's 2 GRES GPUs."""
     text = (gpu_profile / "cluster" / "tbgpu.yaml").read_text()
