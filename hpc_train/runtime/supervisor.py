@@ -41,7 +41,7 @@ from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
 from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, FailureKind, RankState, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
-from hpc_train.core.textutil import asked_for, plural
+from hpc_train.core.textutil import asked_for
 from hpc_train.mirror.pull import StoryNotRestored, restore_story
 from hpc_train.runtime.failures import Failure, SrunReport, classify
 from hpc_train.runtime.grow import (
@@ -427,8 +427,8 @@ class Supervisor:
         if not waiting:
             return None
         return (
-            f"{plural(len(waiting), 'other job')} wait in partition {partition} ({', '.join(waiting[:5])}) and a "
-            f"requeued job would queue behind them, its nodes free for them ({why})"
+            f"other jobs wait in partition {partition} ({len(waiting)}: {', '.join(waiting[:5])}) and a requeued job "
+            f"would queue behind them, its nodes free for them ({why})"
         )
 
     def _may_grow(self, training: int) -> bool:
