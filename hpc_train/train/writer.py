@@ -3,7 +3,8 @@
 A synchronous save keeps every rank waiting while rank 0 serialises, hashes, fsyncs and publishes the whole
 state. An asynchronous one blocks only while rank 0 copies the state into memory of its own (``Snapshot``:
 CPU buffers, pinned when the state is on a GPU, kept from one save to the next so that each save does not
-allocate and fault in the state's size again). A background thread then writes that copy through the same
+allocate and fault in the state's size again). From a GPU the copies are only queued, on the training stream
+after the step that made the state; the background thread waits for them to land, so training does not. A background thread then writes that copy through the same
 ``Checkpoints.save`` as a synchronous save: temp file named in the ledger, SHA-256, fsync, record, rename last.
 So a crash during the background write leaves the previous checkpoint as the newest complete one, exactly as a
 crash during a synchronous write does, and the file is the same as a synchronous save's.
@@ -75,19 +76,32 @@ class Snapshot:
 
     def __init__(self, pinned: bool = False) -> None:
         self.pinned = pinned
-        """Copy GPU tensors into pinned CPU memory (a non-blocking copy, then one synchronisation)."""
+        """Copy GPU tensors into pinned CPU memory (non-blocking copies, waited for in ``landed``)."""
         self._buffers: list[torch.Tensor] = []
         self._next = 0
+        self._landed: torch.cuda.Event | None = None
+        self._device: torch.device | None = None
 
     def take(self, state: Any) -> Any:
         """A copy of ``state`` that training can no longer change: tensors copied, containers rebuilt, other
-        mutable values deep-copied."""
+        mutable values deep-copied.
+
+        GPU tensors are copied into pinned buffers on the stream that computed them, without waiting: the copies
+        run after the kernels already queued (the step that made the state) and before any queued later (the
+        next step's updates), so training does not wait for them. Read the buffers after ``landed()``.
+        """
         self._next = 0
+        self._landed = None
         copied = self._copy(state)
         del self._buffers[self._next :]  # a state that shrank: the buffers it no longer needs go
-        if self.pinned and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the non-blocking copies have landed
+        if self._landed is not None:
+            self._landed.record(torch.cuda.current_stream(self._device))  # after the last copy
         return copied
+
+    def landed(self) -> None:
+        """Wait until the copies of the last ``take`` are in host memory (at once for a state on the CPU)."""
+        if self._landed is not None:
+            self._landed.synchronize()
 
     def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -112,7 +126,10 @@ class Snapshot:
                 self._buffers[index] = buffer
             else:
                 self._buffers.append(buffer)
-        buffer.copy_(tensor, non_blocking=buffer.is_pinned())
+        pending = buffer.is_pinned() and tensor.device.type == "cuda"
+        buffer.copy_(tensor, non_blocking=pending)
+        if pending and self._landed is None:
+            self._landed, self._device = torch.cuda.Event(), tensor.device
         return buffer
 
 
@@ -158,7 +175,7 @@ class CheckpointWriter:
             with self._lock:
                 self._saved.append(Saved(step, path, time.monotonic() - started))
             return time.monotonic() - started
-        copied = self.snapshot.take(state)
+        copied = self.snapshot.take(state)  # GPU tensors: still landing; the thread waits for them
         self._thread = threading.Thread(
             target=self._write, args=(copied, step, keep, time.monotonic()), name="hpc_train-checkpoint-writer"
         )
@@ -168,6 +185,7 @@ class CheckpointWriter:
     def _write(self, state: Any, step: int, keep: int, started: float) -> None:
         background_priority()
         try:
+            self.snapshot.landed()
             path = self.checkpoints.save(state, step, keep)
         except BaseException as exc:  # noqa: BLE001 - kept for the training thread, which raises it
             with self._lock:
