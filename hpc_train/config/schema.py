@@ -116,6 +116,7 @@ RESUME_SAFE_KEYS = (
     "tracking.wandb.project",
     "tracking.wandb.mode",
     "tracking.wandb.entity",
+    "data.on_device",  # where the batches are gathered, not which: the same batches either way
     "cluster.timeout_min",
     "cluster.failure_grace_s",
     "cluster.status_every_s",

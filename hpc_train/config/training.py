@@ -68,6 +68,12 @@ class DataConfig(Checked):
     """DataLoader worker processes per rank (0 loads in the training process)."""
     pin_memory: bool | None = None
     """Page-locked host batches for faster copies to the GPU (None: on when training on CUDA)."""
+    on_device: bool | None = None
+    """Keep the data set in the device's memory and gather each batch there, instead of a DataLoader copying
+    it over batch by batch. For in-memory tensor sets only (the synthetic set, or a ``TensorDataset`` from
+    ``data.dataset``), without workers. None: on when training on CUDA, with num_workers=0, for a set that takes
+    at most a quarter of the GPU's free memory. Same batches either way (a run is bit-identical with it on or
+    off); other sets' batches are copied to the GPU one ahead, on a stream of their own."""
     prefetch_factor: int = 2
     """Batches each worker loads ahead (only with num_workers > 0)."""
     persistent_workers: bool = True
@@ -95,6 +101,12 @@ class DataConfig(Checked):
         self._require(0 <= self.val_fraction < 1, "val_fraction", "must be in [0, 1)", "e.g. data.val_fraction=0.1")
         self._bounded("class_separation", 0.0, FLOAT32_MAX, 3, above=True, why=F32)
         self._bounded("num_workers", 0, INT32_MAX, 0, why="2**31-1")
+        self._require(
+            not (self.on_device and self.num_workers),
+            "on_device",
+            f"reads the set where it is kept, without DataLoader workers, but data.num_workers={self.num_workers}",
+            "set data.num_workers=0, or data.on_device=false to load through workers",
+        )
 
     @property
     def num_val(self) -> int:

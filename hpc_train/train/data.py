@@ -7,16 +7,20 @@ from collections.abc import Iterator, Sized
 from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from hpc_train.config import DataConfig
+from hpc_train.core.errors import ConfigError
 from hpc_train.distributed import DistEnv
+from hpc_train.train.feed import ON_DEVICE_SHARE, BatchedTensorDataset, DeviceBatches, as_batch, set_bytes, tensor_set
 
 __all__ = [
     "SYNTHETIC_VERSION",
     "BatchedTensorDataset",
+    "Loader",
     "ResumableSampler",
     "ShardSampler",
+    "kept_on_device",
     "make_datasets",
     "make_loaders",
     "make_synthetic",
@@ -29,24 +33,6 @@ IMAGE_GRID = 4
 """Image class means vary over cells of IMAGE_GRID x IMAGE_GRID pixels."""
 _ADD_CHUNK = 2048
 """Rows per in-place addition in make_synthetic (a few MB of temporary memory)."""
-
-
-class BatchedTensorDataset(TensorDataset):
-    """In-memory tensors that the DataLoader reads a whole batch at a time.
-
-    DataLoader's default path reads B samples one by one and stacks them: for an MLP batch of 256 that was about
-    15% of a single-rank step on CPU. ``__getitems__`` (which DataLoader calls when a dataset has it) gathers
-    the batch with one indexing op per tensor instead; the loader passes it through ``as_batch``.
-    """
-
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
-        index = torch.as_tensor(indices)
-        return tuple(t[index] for t in self.tensors)
-
-
-def as_batch(batch: Any) -> Any:
-    """The collate function for BatchedTensorDataset: its batches are already stacked."""
-    return batch
 
 
 def make_datasets(cfg: DataConfig) -> tuple[Dataset[Any], Dataset[Any] | None]:
@@ -126,32 +112,79 @@ class ResumableSampler(DistributedSampler[Any]):
         return iter(indices[skip:])
 
 
+Loader = DataLoader[Any] | DeviceBatches
+"""What the trainer reads batches from: a DataLoader, or an in-memory set kept on the device (``data.on_device``)."""
+
+
 def make_loaders(
-    train: Dataset[Any], val: Dataset[Any] | None, cfg: DataConfig, batch_size: int, seed: int, env: DistEnv, cuda: bool
-) -> tuple[DataLoader[Any], ResumableSampler, DataLoader[Any] | None, torch.Generator]:
+    train: Dataset[Any],
+    val: Dataset[Any] | None,
+    cfg: DataConfig,
+    batch_size: int,
+    seed: int,
+    env: DistEnv,
+    device: torch.device,
+) -> tuple[Loader, ResumableSampler, Loader | None, torch.Generator]:
     """The training loader (shuffled by a DistributedSampler seeded with ``seed``), the validation loader and
     the training loader's own generator (DataLoader draws its workers' base seed from it once per epoch;
     without one it would draw from the global random state, which dropout uses too).
 
     With one rank, batch 2B sees the same samples per step as two ranks with batch B each: the sampler's
     permutation depends only on seed and epoch, and rank r takes every w-th index of it.
+
+    A set kept on the device (``data.on_device``: ``kept_on_device``) is read by a ``DeviceBatches`` with the
+    same sampler and generator: the same batches.
     """
     sampler = ResumableSampler(
         train, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed, drop_last=False
     )
     generator = torch.Generator().manual_seed(seed + env.rank)
+    train_tensors, val_tensors = kept_on_device(train, val, cfg, device) or (None, None)
     options: dict[str, Any] = {
         "num_workers": cfg.num_workers,
-        "pin_memory": cuda if cfg.pin_memory is None else cfg.pin_memory,
+        "pin_memory": device.type == "cuda" if cfg.pin_memory is None else cfg.pin_memory,
     }
     if isinstance(train, BatchedTensorDataset):
         options["collate_fn"] = as_batch
     if cfg.num_workers > 0:  # both are errors for DataLoader without workers
         options |= {"prefetch_factor": cfg.prefetch_factor, "persistent_workers": cfg.persistent_workers}
-    train_loader = DataLoader(
-        train, batch_size=batch_size, sampler=sampler, drop_last=cfg.drop_last, generator=generator, **options
-    )
+    train_loader: Loader
+    if train_tensors is not None:
+        train_loader = DeviceBatches(train_tensors, sampler, batch_size, device, cfg.drop_last, generator)
+    else:
+        train_loader = DataLoader(
+            train, batch_size=batch_size, sampler=sampler, drop_last=cfg.drop_last, generator=generator, **options
+        )
     if val is None:
         return train_loader, sampler, None, generator
     shard = ShardSampler(len(cast(Sized, val)), env.rank, env.world_size)
+    if val_tensors is not None:
+        return train_loader, sampler, DeviceBatches(val_tensors, shard, batch_size, device), generator
     return train_loader, sampler, DataLoader(val, batch_size=batch_size, sampler=shard, **options), generator
+
+
+def kept_on_device(
+    train: Dataset[Any], val: Dataset[Any] | None, cfg: DataConfig, device: torch.device
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None] | None:
+    """The tensors of the training set (and of the validation set, where it is one too) to keep on the device,
+    or None to load through a DataLoader (``data.on_device``). ConfigError for data.on_device=true with a
+    training set that is not an in-memory tensor set."""
+    if cfg.on_device is False or (cfg.on_device is None and (device.type != "cuda" or cfg.num_workers)):
+        return None
+    train_tensors = tensor_set(train)
+    val_tensors = None if val is None else tensor_set(val)
+    if train_tensors is None:
+        if cfg.on_device:
+            where = f"data.dataset._target_={cfg.dataset['_target_']!r}" if cfg.dataset is not None else "the data"
+            raise ConfigError(
+                f"data.on_device=true: the training set from {where} is a {type(train).__name__}, not a "
+                "TensorDataset; only in-memory tensor sets are kept on the device. HINT: return a "
+                "torch.utils.data.TensorDataset, or set data.on_device=false (batches are then copied to the GPU "
+                "one ahead)"
+            )
+        return None
+    if cfg.on_device is None:
+        free, _ = torch.cuda.mem_get_info(device)
+        if set_bytes(train_tensors) + set_bytes(val_tensors or ()) > ON_DEVICE_SHARE * free:
+            return None
+    return train_tensors, val_tensors

@@ -11,7 +11,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Sized
+from collections.abc import Iterator, Sized
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
@@ -19,6 +19,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from hpc_train.config import Config, TrainerConfig
@@ -41,9 +42,10 @@ from hpc_train.train.checkpoint import (
     save_atomic,
     verify_checkpoint,
 )
-from hpc_train.train.data import SYNTHETIC_VERSION, make_datasets, make_loaders
+from hpc_train.train.data import SYNTHETIC_VERSION, Loader, make_datasets, make_loaders
 from hpc_train.train.divergence import DIVERGED_HINT, DivergenceGuard
 from hpc_train.train.early_stopping import EarlyStopping
+from hpc_train.train.feed import DeviceBatches, DeviceFeed, set_bytes
 from hpc_train.train.hooks import BUILDING_MODEL, STARTING_FIT, FitResult, StepObserver
 from hpc_train.train.models import build_model
 from hpc_train.train.observe import Observer
@@ -101,7 +103,7 @@ class Trainer:
         torch.manual_seed(tc.seed)
         train_set, val_set = make_datasets(cfg.data)
         self.train_loader, self.sampler, self.val_loader, self.loader_rng = make_loaders(
-            train_set, val_set, cfg.data, tc.batch_size, tc.seed, env, cuda=device.type == "cuda"
+            train_set, val_set, cfg.data, tc.batch_size, tc.seed, env, device
         )
         self.observer.on_phase(BUILDING_MODEL)
         self.raw_model = build_model(cfg.model, cfg.data.input_shape, cfg.data.num_classes).to(device)
@@ -295,7 +297,7 @@ class Trainer:
         self._save_final()
         return True, 0
 
-    def _epoch_batches(self) -> Any:
+    def _epoch_batches(self) -> Iterator[Any]:
         """An iterator over this epoch's batches, from where a resumed run left off.
 
         The permutation depends only on seed and epoch (the same on every rank); the loader has its own
@@ -308,7 +310,13 @@ class Trainer:
             self.loader_rng.set_state(self._epoch_loader_rng)
         else:
             self._epoch_loader_rng = self.loader_rng.get_state()
-        return iter(self.train_loader)
+        return self._fed(self.train_loader)
+
+    def _fed(self, loader: Loader) -> Iterator[Any]:
+        """The loader's batches; from a DataLoader onto a GPU, copied one ahead beside the step (``DeviceFeed``)."""
+        if self.device.type == "cuda" and isinstance(loader, DataLoader):
+            return DeviceFeed(iter(loader), self.device)
+        return iter(loader)
 
     def _optimizer_step(self, micro_batches: list[Any]) -> None:
         """One optimizer step over ``accumulate`` micro-batches; gradients are all-reduced on the last only."""
@@ -408,7 +416,7 @@ class Trainer:
             self._val_rounds = int(rounds.item())
         self.raw_model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, metric sum, count
-        batches = iter(self.val_loader)
+        batches = self._fed(self.val_loader)
         last_check, next_check, since = 0, 0, time.monotonic()
         for index in range(self._val_rounds):
             self.observer.on_phase("validating")
@@ -494,6 +502,22 @@ class Trainer:
         )
 
         log.info("%s", checkpoint_policy(tc))
+        log.info("input: %s", self._input_path())
+
+    def _input_path(self) -> str:
+        """Where the batches come from (``data.on_device``), for the rank's log."""
+        if isinstance(self.train_loader, DeviceBatches):
+            size = set_bytes(self.train_loader.tensors) / 2**20
+            return f"the training set kept on {self.device} ({size:.1f} MiB), each batch gathered there"
+        why = (
+            ""
+            if self.cfg.data.on_device is False
+            else " (data.on_device keeps only in-memory tensor sets, read without workers, within a quarter of the"
+            " GPU's free memory)"
+        )
+        if self.device.type == "cuda":
+            return f"a DataLoader on the host, each batch copied to {self.device} one step ahead{why}"
+        return "a DataLoader"
 
     def _binding_limit(self) -> str:
         return binding_limit(self.cfg.trainer, self.steps_per_epoch)

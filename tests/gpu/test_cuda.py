@@ -210,3 +210,40 @@ def test_stop_and_exact_resume_on_the_gpu(run_cli, tmp_path: Path, precision: st
     assert [r["train_loss"] for r in read_metrics(run_dir / "metrics.jsonl")] == [
         r["train_loss"] for r in read_metrics(base_dir / "metrics.jsonl")
     ]
+
+
+def test_a_background_snapshot_from_the_gpu_is_the_state_at_the_save(tmp_path: Path) -> None:
+    """The snapshot's copies are queued on the training stream without a wait: in-place updates queued after
+    the save do not reach the file, which holds what the synchronous save's holds (on the CPU)."""
+    from hpc_train.train.checkpoint import REQUIRED_KEYS, Checkpoints
+    from hpc_train.train.writer import CheckpointWriter
+
+    weight = torch.randn(2048, 2048, device="cuda")
+    state = {key: 0 for key in REQUIRED_KEYS} | {"model": {"w": weight}, "step": 3}
+    sync_run, async_run = RunDir(tmp_path / "sync"), RunDir(tmp_path / "async")
+    CheckpointWriter(Checkpoints(sync_run), asynchronous=False).save(state, 3, keep=2)
+    writer = CheckpointWriter(Checkpoints(async_run), asynchronous=True, pinned=True)
+    writer.save(state, 3, keep=2)
+    for _ in range(20):  # the next steps' updates, queued behind the copies
+        weight.mul_(1.01).add_(1.0)
+    writer.wait()
+    assert writer.snapshot._buffers[0].is_pinned()
+    saved = [torch.load(run.checkpoint(3), map_location="cpu", weights_only=True) for run in (sync_run, async_run)]
+    assert torch.equal(saved[0]["model"]["w"], saved[1]["model"]["w"])
+    assert not torch.equal(saved[1]["model"]["w"], weight.cpu())
+
+
+def test_both_input_paths_give_the_same_run_on_the_gpu(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The synthetic set kept on the GPU (the default there) and the DataLoader's batches copied one ahead on a
+    stream of their own (data.on_device=false) train the same weights, bit for bit, across an epoch boundary
+    and its validation."""
+    kept, kept_dir = run_cli(*RESUME_JOB, run_dir=tmp_path / "kept")
+    ok(kept)
+    fed, fed_dir = run_cli(*RESUME_JOB, "data.on_device=false", run_dir=tmp_path / "fed")
+    ok(fed)
+    assert "input: the training set kept on cuda:0" in (kept_dir / "logs" / "rank_0.log").read_text()
+    assert "each batch copied to cuda:0 one step ahead" in (fed_dir / "logs" / "rank_0.log").read_text()
+    assert_bitwise_equal(kept_dir, fed_dir)
+    assert [r["train_loss"] for r in read_metrics(kept_dir / "metrics.jsonl")] == [
+        r["train_loss"] for r in read_metrics(fed_dir / "metrics.jsonl")
+    ]

@@ -49,7 +49,7 @@ def test_without_a_gpu_the_check_measures_the_start_up_and_says_what_it_skipped(
 def test_the_smoke_run_goes_through_every_part_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     report, said = check(out, "--smoke")
-    assert report["skipped"] == {} and report["tests"]["skipped"] == 10 and report["tests"]["exit"] == 0
+    assert report["skipped"] == {} and report["tests"]["skipped"] == 12 and report["tests"]["exit"] == 0
     assert set(report["bench"]["summary"]) and report["bench"]["ratios"]["mlp/1"]["throughput_vs_limit"] > 0
     assert report["checkpoint"]["device"] == "cpu" and report["checkpoint"]["blocked_median_s"]["sync"] > 0
     assert "==== gpu-check figures ====" in said and "checkpoint (cpu" in said

@@ -44,9 +44,14 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Background:
     return Background(argv, run_dir, run_dir.parent / "launcher.out", timeout=240)
 
 
-@pytest.mark.parametrize("fault", ["rank=1,step=13,kind=term", "rank=0,step=18,kind=usr2"])
-def test_stop_and_resume_is_bit_identical(run_cli, baseline: Background, fault: str) -> None:  # type: ignore[no-untyped-def]
-    """A signal to one rank stops all of them at the same step with one checkpoint; the rerun finishes exactly."""
+@pytest.mark.parametrize(
+    ("fault", "resumed_with"),
+    [("rank=1,step=13,kind=term", []), ("rank=0,step=18,kind=usr2", ["data.on_device=true"])],
+)
+def test_stop_and_resume_is_bit_identical(run_cli, baseline: Background, fault: str, resumed_with: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """A signal to one rank stops all of them at the same step with one checkpoint; the rerun finishes exactly.
+    The second rerun reads its data from a set kept where the model is (data.on_device): the same batches as
+    the DataLoader's, and the same random draws, so still the uninterrupted run bit for bit."""
     stopped, run_dir = run_cli(*JOB, env={"HPC_TRAIN_FAULT": fault})
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     # The ranks read the stop flags one step late (the reduction overlaps the next step): all stop at the step
@@ -57,7 +62,7 @@ def test_stop_and_resume_is_bit_identical(run_cli, baseline: Background, fault: 
     assert [p.name for p in (run_dir / "checkpoints").glob("step_*.pt")] == [f"step_{step:09d}.pt"]
     assert f"stopped at step {step}" in stopped.stderr and "resume: python -m hpc_train" in stopped.stderr
 
-    resumed, _ = run_cli(*JOB, run_dir=run_dir)
+    resumed, _ = run_cli(*JOB, *resumed_with, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_bitwise_equal(baseline.ready(), run_dir)
     assert losses(run_dir) == losses(baseline.ready())  # metrics rows too: none lost, none twice
