@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-check.sh --prepare        here: the wheels of our dependencies that the GPU image lacks, into .whl/
 #                                         (git ignores it; the device tool's run carries it: carry [".whl"])
-#   scripts/gpu-check.sh OUT [ARGS...]    on the GPU machine: .whl/ installed into /tmp/site, then
+#   scripts/gpu-check.sh OUT [ARGS...]    on the GPU machine: .whl/ installed into a temporary folder, then
 #                                         scripts/gpu_check.py OUT ARGS (--budget S, --smoke)
 #
 # The GPU image has torch, Lightning, pytest and pytest-xdist; it lacks submitit, Hydra, OmegaConf (with antlr4)
@@ -27,9 +27,11 @@ shift
 python=${PYTHON:-python3}
 site=
 if compgen -G '.whl/*.whl' >/dev/null; then
-    site=/tmp/site
-    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+    # A folder of this run's own: two checks at once (the tests run two) must not install into the same one.
+    site=$(mktemp -d /tmp/gpu-check-site.XXXXXX)
+    trap 'rm -rf "$site"' EXIT
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl
 fi
 export PYTHONPATH=${site:+$site:}$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-exec "$python" scripts/gpu_check.py "$out" "$@"
+"$python" scripts/gpu_check.py "$out" "$@"

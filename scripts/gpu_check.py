@@ -81,6 +81,10 @@ def startup(out: Path, cuda: bool, budget: float) -> dict[str, Any]:
     and the worker's import times."""
     empty = statistics.median(_python("pass", 60)[0] for _ in range(3))
     torch_s = statistics.median(_python("import torch", 120)[0] for _ in range(3)) - empty
+    # Every torch optimizer imports torch._dynamo when it is built (Optimizer.add_param_group is wrapped by
+    # torch._disable_dynamo, which imports it on the first call), the compute-only loop's too: timed on its own.
+    code = "import time, torch\nt = time.perf_counter()\nimport torch._dynamo\nprint(time.perf_counter() - t)"
+    dynamo_s = statistics.median(float(_python(code, 120)[1]) for _ in range(3))
     first_alloc = None
     if cuda:
         code = (
@@ -129,6 +133,8 @@ def startup(out: Path, cuda: bool, budget: float) -> dict[str, Any]:
         "empty_interpreter_s": round(empty, 3),
         "import_torch_s": round(torch_s, 3),
         "first_cuda_allocation_s": None if first_alloc is None else round(first_alloc, 3),
+        "import_dynamo_s": round(dynamo_s, 3),
+        "import_phase_beyond_reference_and_dynamo_s": round(import_phase - reference - dynamo_s, 3),
         "phases_s": {k: None if v is None else round(v, 3) for k, v in phases.items()},
         "own_s": round(own, 3),
         "import_phase_s": round(import_phase, 3),
@@ -257,6 +263,10 @@ def print_figures(report: dict[str, Any]) -> None:
             f"CUDA allocation {s['first_cuda_allocation_s']} s; the rank's import phase (interpreter + imports) "
             f"{s['import_phase_s']} s, {s['import_phase_beyond_reference_s']:+} s beyond those; hpc_train's own "
             f"{s['own_s']} s"
+        )
+        print(
+            f"  torch._dynamo (which every torch optimizer imports) +{s['import_dynamo_s']} s after torch; the import "
+            f"phase beyond torch, CUDA and it: {s['import_phase_beyond_reference_and_dynamo_s']:+} s"
         )
         print("  phases: " + ", ".join(f"{k} {v}" for k, v in s["phases_s"].items() if v is not None))
         print("  slowest imports: " + ", ".join(f"{n} {t:.2f}" for n, t in s["slowest_imports"][:8]))
