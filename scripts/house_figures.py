@@ -10,6 +10,8 @@
 - (issue 47) the dict readers of the rank statuses against the typed ones, the failure-kind and exit-code
   literals, the places that work out the attempt number, function-level imports, import loops between the
   package's modules (module-level imports), and the README's length.
+- (issue 58) the package's longest functions, the ones with the most parameters and the deepest nesting of
+  blocks, and the places that spell a node summary's file name (``node_``) or glob for those files.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main() -> None:
     print(f"rank-state string literals: {sum(states.values())} in {len(states)} files: {where}")
     records(root)
     house(root)
+    rooms(root)
 
 
 def init_attributes(path: Path, cls: str) -> int:
@@ -287,6 +290,72 @@ def house(root: Path) -> None:
         print(f"import loops between modules ({what}): {len(loops)}: {shown}")
     readme = root / "README.md"
     print(f"README: {lines(readme)} lines; docs pages: {len(list((root / 'docs').glob('**/*.md')))}")
+
+
+BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+"""The statements whose bodies nest (``elif`` counts as its ``if``'s level, not one deeper)."""
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def nesting(node: ast.AST, depth: int = 0) -> int:
+    """The deepest nesting of blocks under ``node``, not counting nested functions and classes' own bodies."""
+    deepest = depth
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (*FUNCTIONS, ast.ClassDef, ast.Lambda)):
+            continue
+        is_elif = isinstance(node, ast.If) and isinstance(child, ast.If) and node.orelse == [child]
+        inner = depth + (isinstance(child, BLOCKS) and not is_elif)
+        deepest = max(deepest, nesting(child, inner))
+    return deepest
+
+
+def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Parameters a caller passes: positional, keyword-only and the * and ** catch-alls; not self or cls."""
+    args = fn.args
+    named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    if named and named[0].arg in ("self", "cls"):
+        named = named[1:]
+    return len(named) + (args.vararg is not None) + (args.kwarg is not None)
+
+
+def functions(root: Path) -> list[tuple[str, int, int, int]]:
+    """(where, lines, parameters, nesting) of every function and method in the package."""
+    found = []
+    for path in sorted(root.glob("hpc_train/**/*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, FUNCTIONS):
+                where = f"{path.relative_to(root).as_posix()}:{fn.name}"
+                size = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+                found.append((where, size, parameters(fn), nesting(fn)))
+    return found
+
+
+def node_names(root: Path) -> list[str]:
+    """Where the package spells a node summary's file name or a glob for them (a string holding ``node_...json``,
+    docstrings aside)."""
+    found = []
+    for path in sorted(root.glob("hpc_train/**/*.py")):
+        tree = ast.parse(path.read_text())
+        skip = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                if re.search(r"(^|[/*\s])node_\S*\.json", node.value):
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+            elif isinstance(node, ast.JoinedStr):
+                parts = [v.value if isinstance(v, ast.Constant) else "X" for v in node.values]
+                if re.search(r"(^|[/*\s])node_\S*\.json", "".join(map(str, parts))):
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return sorted(set(found), key=lambda where: (where.split(":")[0], int(where.split(":")[1])))
+
+
+def rooms(root: Path) -> None:
+    every = functions(root)
+    for title, column in (("longest functions (lines)", 1), ("most parameters", 2), ("deepest nesting", 3)):
+        top = sorted(every, key=lambda f: (-f[column], f[0]))[:3]
+        print(f"{title}: " + ", ".join(f"{where} ({row[column]})" for row in top for where in [row[0]]))
+    spelled = node_names(root)
+    print(f"node summary names spelled or globbed: {len(spelled)}: {', '.join(spelled)}")
 
 
 if __name__ == "__main__":

@@ -46,3 +46,26 @@ def test_figures_of_this_tree() -> None:
     for start in ("worker entry:", "dict[str, Any] annotations:", "type: ignore:", "config modules:", "trainer:"):
         assert any(line.startswith(start) for line in out.splitlines()), (start, out)
     assert "Trainer.__init__ sets 0 attributes" not in out
+
+
+def test_the_rooms_figures_count_lines_parameters_nesting_and_node_names(tmp_path: Path) -> None:
+    module = tmp_path / "hpc_train" / "m.py"
+    module.parent.mkdir()
+    module.write_text(
+        "class C:\n"
+        "    def f(self, a, b=1, *rest, c, **more):\n"
+        '        """node_x.json in a docstring does not count."""\n'
+        "        for x in a:\n"
+        "            if x:\n"
+        "                pass\n"
+        "            elif b:\n"
+        "                with open(x):\n"
+        "                    def inner():\n"
+        "                        while True:\n"
+        "                            pass\n"
+        "        return f'node_{a}.json', 'node_lost', glob('node_*.json')\n"
+    )
+    figures = load()
+    ((where, size, params, depth),) = [f for f in figures.functions(tmp_path) if f[0].endswith(":f")]
+    assert (where, size, params, depth) == ("hpc_train/m.py:f", 11, 5, 3)  # for > if/elif > with; inner aside
+    assert figures.node_names(tmp_path) == ["hpc_train/m.py:12"]  # the f-string and the glob, on one line
