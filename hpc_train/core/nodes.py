@@ -28,7 +28,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
@@ -59,7 +59,7 @@ def node_base() -> Path:
 class NodeChannel:
     """What the ranks of one node write their statuses and progress to, and the node's summary is made from.
 
-    ``folder`` is node-local; ``summary`` is ``status/node_<host>.json`` in the run dir. ``local_ranks``: how many
+    ``folder`` is node-local; ``summary`` is the node's summary file in the run dir (``RunDir.node_summary``). ``local_ranks``: how many
     ranks the node runs (the folder is removed once all of them have ended).
     """
 
@@ -75,29 +75,29 @@ class NodeChannel:
 
     @classmethod
     def open(
-        cls, run_dir: Path, status_dir: Path, *, job: str, local_ranks: int, base: Path | None = None
+        cls, run_dir: Path, summary: Callable[[str], Path], *, job: str, local_ranks: int, base: Path | None = None
     ) -> NodeChannel:
         """The channel of this node for ``run_dir`` in the attempt ``job`` names (its Slurm job and attempt),
-        summarised to ``status_dir``: each node, run and attempt has a folder of its own, so an earlier attempt's
-        ranks never mix in."""
+        summarised to ``summary(host)`` (``RunDir.node_summary``, which owns the name): each node, run and attempt
+        has a folder of its own, so an earlier attempt's ranks never mix in."""
         host = socket.gethostname()
         run = str(run_dir.resolve())
         key = hashlib.sha256(f"{run}\0{host}\0{job}".encode()).hexdigest()[:20]
         folder = (base or node_base()) / f"hpc_train-{os.getuid()}" / key
         folder.mkdir(parents=True, exist_ok=True)
-        return cls(folder, status_dir / f"node_{host}.json", host=host, run=run, local_ranks=local_ranks)
+        return cls(folder, summary(host), host=host, run=run, local_ranks=local_ranks)
 
     @classmethod
     def from_environ(
-        cls, run_dir: Path, status_dir: Path, environ: Mapping[str, str] | None = None
+        cls, run_dir: Path, summary: Callable[[str], Path], environ: Mapping[str, str] | None = None
     ) -> NodeChannel | None:
         """The channel the worker that started this process opened (None when it opened none): a user's
-        script's progress goes through it."""
+        script's progress goes through it. ``summary`` as for ``open``."""
         folder = (os.environ if environ is None else environ).get(NODE_DIR_VARIABLE)
         if not folder or not Path(folder).is_dir():
             return None
         host = socket.gethostname()
-        return cls(Path(folder), status_dir / f"node_{host}.json", host=host, run=str(run_dir.resolve()))
+        return cls(Path(folder), summary(host), host=host, run=str(run_dir.resolve()))
 
     # ---- what a rank writes -------------------------------------------------------------------------------------
 

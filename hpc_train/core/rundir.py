@@ -103,9 +103,12 @@ HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 """Hydra's own record of a run's overrides (when hydra.output_subdir is left at .hydra): read for run dirs made
 before ``overrides.json`` existed."""
 BATCH_EXIT = "status/batch_exit.json"
+"""Relative to the run dir: the sbatch script writes it from the shell."""
 STRAGGLER_ENTRIES = 500
 """The most entries ``status/stragglers.json`` keeps (a rank that flaps in and out of slow adds one per change)."""
-"""Relative to the run dir: the sbatch script writes it from the shell."""
+NODE_SUMMARY = "node_{host}.json"
+"""A node's summary in status/ (``hpc_train.core.nodes``); ``RunDir.node_summary`` and ``node_summary_paths``
+are the only users."""
 _CHECKPOINT_GLOB = "step_*.pt"
 log = logging.getLogger(__name__)
 
@@ -645,14 +648,19 @@ class RunDir:
             return False
 
     def node_summary(self, host: str) -> Path:
-        return self.status_dir / f"node_{host}.json"
+        """The summary of the node ``host`` (``hpc_train.core.nodes``): the one place its name is made."""
+        return self.status_dir / NODE_SUMMARY.format(host=host)
+
+    def node_summary_paths(self) -> list[Path]:
+        """Every node's summary file, sorted: the one place they are found."""
+        return sorted(self.status_dir.glob(NODE_SUMMARY.format(host="*")))
 
     def with_node(self, *, job: str, local_ranks: int) -> RunDir:
         """This run dir, its ranks' statuses and progress going through this node (``hpc_train.core.nodes``):
         ``job`` names the attempt (each has a node folder of its own), ``local_ranks`` the node's ranks. Where no
         node-local folder can be made, the rank writes its own files, as before, and says so."""
         try:
-            channel = NodeChannel.open(self.path, self.status_dir, job=job, local_ranks=local_ranks)
+            channel = NodeChannel.open(self.path, self.node_summary, job=job, local_ranks=local_ranks)
         except OSError as exc:
             log.warning("hpc_train: no node-local status folder (%s): this rank writes status/rank_<r>.json", exc)
             return self
@@ -669,7 +677,7 @@ class RunDir:
         """Every node's latest summary that is whole (``checked_statuses`` lists the damaged ones)."""
         if self._held is not None:
             return list(self._held)
-        found = (NodeSummary.salvage(read_json(p))[0] for p in sorted(self.status_dir.glob("node_*.json")))
+        found = (NodeSummary.salvage(read_json(p))[0] for p in self.node_summary_paths())
         return [summary for summary in found if summary is not None]
 
     @contextmanager
@@ -783,8 +791,8 @@ class RunDir:
     def clear_statuses(self) -> None:
         """Forget the ranks' states of an earlier attempt (before a resubmission), so that nobody mistakes a
         pid of the last attempt for a rank of this one."""
-        own = ("rank_*.json", "progress_*.json", "node_*.json", self.interrupted.name)
-        for path in [p for pattern in own for p in self.status_dir.glob(pattern)]:
+        own = [*self.status_dir.glob("rank_*.json"), *self.status_dir.glob("progress_*.json")]
+        for path in [*own, *self.node_summary_paths(), self.interrupted]:
             if self._wrote(path):
                 path.unlink(missing_ok=True)
         self.batch_exit.unlink(missing_ok=True)
@@ -844,7 +852,7 @@ class RunDir:
                 if path.name != self.status_path(status.rank).name:
                     damaged.append(f"{path}: says rank {status.rank}, which is not the rank its name says")
                 statuses[status.rank] = status
-        for path in sorted(self.status_dir.glob("node_*.json")):
+        for path in self.node_summary_paths():
             record, unreadable = _load(path)
             if record is None and not unreadable:  # gone since the listing
                 continue

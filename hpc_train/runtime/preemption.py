@@ -209,4 +209,4 @@ def _report(step: int, stopped: bool) -> None:
         "steps_total": _steps_total,
     }
     rd = RunDir(Path(run_dir))
-    RunDir(rd.path, node=NodeChannel.from_environ(rd.path, rd.status_dir)).write_progress(int(rank), record)
+    RunDir(rd.path, node=NodeChannel.from_environ(rd.path, rd.node_summary)).write_progress(int(rank), record)

@@ -32,6 +32,7 @@ from typing import Any
 
 from hpc_train.core.nodes import NODE_DIR_VARIABLE, NodeChannel
 from hpc_train.core.records import NodeSummary, RankCompute, StragglerReport
+from hpc_train.core.rundir import RunDir
 
 __all__ = ["WINDOW_VARIABLE", "TrackerFigures", "install", "judge_from_summaries", "log_to_active_trackers"]
 
@@ -104,7 +105,7 @@ def _start(model: Any, window_s: float, rank: int, run_dir: Path) -> None:
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else None
     clock = ComputeClock(model, device)
-    channel = NodeChannel.from_environ(run_dir, run_dir / "status")
+    channel = NodeChannel.from_environ(run_dir, RunDir(run_dir).node_summary)
     name = device_name(device, os.environ.get("CUDA_VISIBLE_DEVICES", "")) if device is not None else ""
 
     def report() -> None:
@@ -160,7 +161,9 @@ class TrackerFigures:
         run_dir = environ.get("HPC_TRAIN_RUN_DIR")
         wanted = environ.get("RANK") == "0" and float(environ.get(WINDOW_VARIABLE) or 0) > 0 and bool(run_dir)
         self._channel = (
-            NodeChannel.from_environ(Path(str(run_dir)), Path(str(run_dir)) / "status", environ) if wanted else None
+            NodeChannel.from_environ(Path(str(run_dir)), RunDir(Path(str(run_dir))).node_summary, environ)
+            if wanted
+            else None
         )
         self._checked = float("-inf")
         self._seen = 0.0

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,14 @@ from hpc_train.core.goodput import GoodputLedger, PackLedger, ledger, pack_ledge
 from hpc_train.core.hostlist import compress_hostlist
 from hpc_train.core.metrics import metric_keys
 from hpc_train.core.nodes import NODE_EVERY_S
-from hpc_train.core.records import AttemptRecord, JobRecord, StartupProfile
+from hpc_train.core.records import (
+    AttemptRecord,
+    JobRecord,
+    MirrorStatus,
+    PackPlace,
+    StartupProfile,
+    StragglerReport,
+)
 from hpc_train.core.rundir import JOB_RECORD, RunDir, run_labels
 from hpc_train.core.state import signal_live_ranks
 from hpc_train.core.textutil import format_table, number_ranges, plural
@@ -241,104 +248,180 @@ DAMAGED_HINT = (
 )
 
 
-def cmd_status(runs: list[RunDir], as_json: bool) -> int:
+@dataclass(frozen=True)
+class RunView:
+    """What ``jobs status`` says about one run, read once from its run dir: the JSON record and the text
+    sections are both rendered from it (``status_json``, ``status_text``)."""
 
-    rows, failures, damaged, unreadable, timelines, heard, startups, slow = [], [], [], [], [], [], [], []
-    mirrors: list[str] = []
-    records: list[dict[str, Any]] = []
-    goodputs: dict[str, GoodputLedger | None] = {}  # by resolved run dir: a pack's ledger reuses its members'
-    packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
+    run_dir: Path
+    state: JobState
+    step: int
+    """The furthest step a rank reported."""
+    last: AttemptRecord | None
+    """The supervisor's latest attempt (None before the first, or for a run without a supervisor)."""
+    goodput: GoodputLedger | None
+    job: JobRecord | None
+    failure_tail: str
+    """The last failure's class, rank, host and traceback tail ('' for a run in good state)."""
+    timeline: str
+    heard: tuple[str, ...]
+    stragglers: tuple[str, ...]
+    straggler_report: StragglerReport | None
+    mirror: MirrorStatus | None
+    mirror_line: str
+    startup: dict[str, tuple[float, StartupProfile]]
+    slowest_startup: str
+    node_summary: str
+    """Where a node's summary is, relative to the run dir (the text names it)."""
+
+    @classmethod
+    def of(cls, rd: RunDir, now: float) -> RunView:
+        """The view of ``rd`` at ``now``; ConfigError for a run dir whose config.yaml no longer loads."""
+        state = _state(rd)
+        attempts = state.attempts
+        goodput = _goodput(rd, attempts)
+        job = rd.job()
+        return cls(
+            run_dir=rd.path,
+            state=state,
+            step=_step(state),
+            last=attempts[-1] if attempts else None,
+            goodput=goodput,
+            job=job,
+            failure_tail="" if state.ok else _failure_tail(rd, attempts),
+            timeline=summary(rd, goodput),  # the ledger computed once
+            heard=tuple(nodes_heard(rd, now)),
+            stragglers=tuple(straggler_lines(rd, now)),
+            straggler_report=next(iter(rd.straggler_reports()[-1:]), None),
+            mirror=rd.mirror_state(),
+            mirror_line=mirror_line(rd, now),
+            startup=startup_maxima(rd),
+            slowest_startup=slowest_startup(rd),
+            node_summary=str(rd.node_summary("<host>").relative_to(rd.path)),
+        )
+
+    @property
+    def attempt(self) -> int | None:
+        return self.last.attempt if self.last is not None else None
+
+    @property
+    def pack(self) -> PackPlace | None:
+        """The run's place in a pack (``cluster.pack``), or None."""
+        return self.job.pack if self.job is not None else None
+
+    @property
+    def key(self) -> str:
+        """The run dir, resolved: how a pack's ledger finds its members' own."""
+        return str(self.run_dir.resolve())
+
+    def row(self) -> list[Any]:
+        """The table's row."""
+        g, state = self.goodput, self.state
+        detail = state.detail or "-"
+        if self.pack is not None:  # cluster.pack: the job it ran in ran its neighbours too
+            detail = f"pack member {self.pack.index} of {len(self.pack.members)} in job {state.job_id}; {detail}"
+        ettr, lost = (f"{g.ettr:.2f}", f"{g.lost_s:.0f}s") if g is not None else ("-", "-")
+        return [self.run_dir, state.job_id or "-", state.state, _fmt(self.attempt), self.step, ettr, lost, detail]
+
+    def record(self, pack_goodput: PackLedger | None) -> dict[str, Any]:
+        """The JSON record."""
+        state, last = self.state, self.last
+        return {
+            "run_dir": str(self.run_dir),
+            "job_id": state.job_id,
+            "pack": self.pack.to_json() if self.pack is not None else None,
+            "pack_goodput": pack_goodput.to_json() if pack_goodput is not None else None,
+            "state": state.state,
+            "done": state.done,
+            "ok": state.ok,
+            "step": self.step,
+            "attempt": self.attempt,
+            "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
+            "goodput": self.goodput.to_json() if self.goodput is not None else {},
+            "detail": state.detail,
+            "squeue": state.squeue,
+            "sacct": state.sacct,
+            "damaged": state.damaged,
+            "startup": {p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in self.startup.items()},
+            "stragglers": self.straggler_report.to_json() if self.straggler_report is not None else None,
+            "mirror": self.mirror.to_json() if self.mirror is not None else None,
+        }
+
+
+def status_views(runs: list[RunDir], now: float) -> tuple[list[RunView], list[str]]:
+    """Each run's view, and a line for each run dir whose config no longer loads (the others are still shown)."""
+    views: list[RunView] = []
+    unreadable: list[str] = []
     with ExitStack() as held:
         for rd in runs:
             held.enter_context(rd.summaries_held())  # read once here, not once per view of the run
             try:
-                state = _state(rd)
-            except ConfigError as exc:  # a run dir whose config.yaml no longer loads: the others are still shown
+                views.append(RunView.of(rd, now))
+            except ConfigError as exc:
                 unreadable.append(f"hpc_train.jobs: {exc}")
-                continue
-            step = _step(state)
-            attempts = state.attempts
-            goodput = goodputs[str(rd.path.resolve())] = _goodput(rd, attempts)
-            last = attempts[-1] if attempts else None
-            ettr = f"{goodput.ettr:.2f}" if goodput is not None else "-"
-            lost = f"{goodput.lost_s:.0f}s" if goodput is not None else "-"
-            attempt = last.attempt if last is not None else None
-            job = rd.job()
-            pack = job.pack if job is not None else None
-            if job is not None and pack is not None:
-                packed.setdefault(pack.members, job.job_id)
-            detail = state.detail or "-"
-            if pack is not None:  # cluster.pack: the job it ran in ran its neighbours too
-                detail = f"pack member {pack.index} of {len(pack.members)} in job {state.job_id}; {detail}"
-            rows.append([rd.path, state.job_id or "-", state.state, _fmt(attempt), step, ettr, lost, detail])
-            tail = "" if state.ok else _failure_tail(rd, attempts)
-            if tail:
-                failures.append(tail)
-            timelines += [line for line in [summary(rd, goodput)] if line]  # the ledger computed once
-            heard += nodes_heard(rd, time.time())
-            slow += straggler_lines(rd, time.time())
-            mirrors += [line for line in [mirror_line(rd, time.time())] if line]
-            slowest = slowest_startup(rd)
-            if slowest:
-                startups.append(f"{rd.path}: {slowest}")
-            damaged += state.damaged
-            records.append(
-                {
-                    "run_dir": str(rd.path),
-                    "job_id": state.job_id,
-                    "pack": pack.to_json() if pack is not None else None,
-                    "pack_goodput": None,  # (below, once every run's own ledger is known)
-                    "state": state.state,
-                    "done": state.done,
-                    "ok": state.ok,
-                    "step": step,
-                    "attempt": attempt,
-                    "failure": last.failure.to_json() if last is not None and last.failure is not None else None,
-                    "goodput": goodput.to_json() if goodput is not None else {},
-                    "detail": state.detail,
-                    "squeue": state.squeue,
-                    "sacct": state.sacct,
-                    "damaged": state.damaged,
-                    "startup": {
-                        p: {"s": s, "rank": r.rank, "host": r.host} for p, (s, r) in startup_maxima(rd).items()
-                    },
-                    "stragglers": next((r.to_json() for r in rd.straggler_reports()[-1:]), None),
-                    "mirror": next((m.to_json() for m in [rd.mirror_state()] if m is not None), None),
-                }
+    return views, unreadable
+
+
+def pack_ledgers(views: list[RunView]) -> dict[tuple[str, ...], PackLedger]:
+    """The ledger of each pack the views' runs are in; a member's own ledger is reused where it is shown."""
+    packed: dict[tuple[str, ...], str] = {}  # each pack's members (resolved run dirs) -> its job id
+    for view in views:
+        if view.job is not None and view.job.pack is not None:
+            packed.setdefault(view.job.pack.members, view.job.job_id)
+    return _pack_ledgers(packed, {view.key: view.goodput for view in views})
+
+
+def status_json(views: list[RunView], packs: dict[tuple[str, ...], PackLedger]) -> str:
+    records = [view.record(packs.get(view.pack.members) if view.pack else None) for view in views]
+    return json.dumps(records, indent=1)
+
+
+def status_text(views: list[RunView], packs: dict[tuple[str, ...], PackLedger]) -> str:
+    """The table, then a section for each thing some run has to say ('' when there are no runs)."""
+    out = []
+    if views:
+        out.append(
+            format_table(
+                ["run dir", "job", "state", "attempt", "step", "ETTR", "lost", "detail"], [v.row() for v in views]
             )
-    pack_ledgers = _pack_ledgers(packed, goodputs)
-    for record in records:
-        if record["pack"]:
-            pack_goodput = pack_ledgers.get(tuple(record["pack"]["members"]))
-            record["pack_goodput"] = pack_goodput.to_json() if pack_goodput is not None else None
-    if as_json:
-        print(json.dumps(records, indent=1))
-    else:
-        if rows:
-            print(format_table(["run dir", "job", "state", "attempt", "step", "ETTR", "lost", "detail"], rows))
-        if failures:
-            print("\nfailures (class, rank, host, traceback tail):")
-            print("\n".join(failures))
-        if heard:
-            print("\nnodes whose ranks have not said they ended (each node's summary, status/node_<host>.json):")
-            print("\n".join(f"  {line}" for line in heard))
-        if slow:
-            print("\nstragglers (own compute time per step against the other ranks' median, status/stragglers.json):")
-            print("\n".join(f"  {line}" for line in slow))
-        if mirrors:
-            print("\nmirror (trainer.mirror, status/mirror.json):")
-            print("\n".join(f"  {line}" for line in mirrors))
-        if startups:
-            print("\nstart-up, the slowest rank of each phase (seconds):")
-            print("\n".join(f"  {line}" for line in startups))
-        packs = _pack_lines(pack_ledgers)
-        if timelines or packs:
-            print("\nwhere the time went:")
-            print("\n".join(f"  {line}" for line in [*timelines, *packs]))
-        if damaged:
-            print("\ndamaged records (left out of the state above):")
-            print("\n".join(f"  {line}" for line in damaged))
-            print(DAMAGED_HINT)
+        )
+    node_summary = views[0].node_summary if views else ""
+    sections = [
+        ("failures (class, rank, host, traceback tail):", [v.failure_tail for v in views if v.failure_tail], ""),
+        (
+            f"nodes whose ranks have not said they ended (each node's summary, {node_summary}):",
+            [line for v in views for line in v.heard],
+            "  ",
+        ),
+        (
+            "stragglers (own compute time per step against the other ranks' median, status/stragglers.json):",
+            [line for v in views for line in v.stragglers],
+            "  ",
+        ),
+        ("mirror (trainer.mirror, status/mirror.json):", [v.mirror_line for v in views if v.mirror_line], "  "),
+        (
+            "start-up, the slowest rank of each phase (seconds):",
+            [f"{v.run_dir}: {v.slowest_startup}" for v in views if v.slowest_startup],
+            "  ",
+        ),
+        ("where the time went:", [v.timeline for v in views if v.timeline] + _pack_lines(packs), "  "),
+    ]
+    for title, lines, indent in sections:
+        if lines:
+            out += [f"\n{title}", "\n".join(indent + line for line in lines)]
+    damaged = [line for v in views for line in v.state.damaged]
+    if damaged:
+        out += ["\ndamaged records (left out of the state above):", "\n".join(f"  {line}" for line in damaged)]
+        out.append(DAMAGED_HINT)
+    return "\n".join(out)
+
+
+def cmd_status(runs: list[RunDir], as_json: bool) -> int:
+    views, unreadable = status_views(runs, time.time())
+    packs = pack_ledgers(views)
+    shown = status_json(views, packs) if as_json else status_text(views, packs)
+    if shown or as_json:
+        print(shown)
     for line in unreadable:
         print(line, file=sys.stderr)
     return 2 if unreadable else 0

@@ -18,7 +18,7 @@ def _rank(run_dir: Path, shm: Path, local_ranks: int = 2) -> RunDir:
     """A rank's run dir, its node channel under ``shm`` (what /dev/shm is on a node)."""
     rd = RunDir(run_dir)
     return RunDir(
-        run_dir, node=NodeChannel.open(run_dir, rd.status_dir, job="7.0.0", local_ranks=local_ranks, base=shm)
+        run_dir, node=NodeChannel.open(run_dir, rd.node_summary, job="7.0.0", local_ranks=local_ranks, base=shm)
     )
 
 
@@ -43,9 +43,9 @@ def test_ranks_of_a_node_share_one_folder_and_one_summary(tmp_path: Path) -> Non
 
 def test_another_attempt_or_run_gets_a_folder_of_its_own(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "run")
-    first = NodeChannel.open(rd.path, rd.status_dir, job="7.0.0", local_ranks=1, base=tmp_path)
-    again = NodeChannel.open(rd.path, rd.status_dir, job="7.0.1", local_ranks=1, base=tmp_path)
-    other = NodeChannel.open(tmp_path / "other", rd.status_dir, job="7.0.0", local_ranks=1, base=tmp_path)
+    first = NodeChannel.open(rd.path, rd.node_summary, job="7.0.0", local_ranks=1, base=tmp_path)
+    again = NodeChannel.open(rd.path, rd.node_summary, job="7.0.1", local_ranks=1, base=tmp_path)
+    other = NodeChannel.open(tmp_path / "other", rd.node_summary, job="7.0.0", local_ranks=1, base=tmp_path)
     assert len({first.folder, again.folder, other.folder}) == 3
 
 
@@ -217,10 +217,10 @@ def test_a_script_s_progress_goes_through_the_node_its_worker_opened(tmp_path: P
     worker = _rank(tmp_path / "run", tmp_path / "shm", local_ranks=1)
     assert worker.node is not None
     environ = {nodes.NODE_DIR_VARIABLE: str(worker.node.folder)}
-    script = RunDir(worker.path, node=NodeChannel.from_environ(worker.path, worker.status_dir, environ))
+    script = RunDir(worker.path, node=NodeChannel.from_environ(worker.path, worker.node_summary, environ))
     script.write_progress(0, Progress(first_step=1, first_time=1.0, step=6, time=3.0, stop_agreed=True))
     assert worker.progress_record(0).step == 6 and not worker.progress(0).exists()
-    assert NodeChannel.from_environ(worker.path, worker.status_dir, {}) is None
+    assert NodeChannel.from_environ(worker.path, worker.node_summary, {}) is None
 
 
 def _wait(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]

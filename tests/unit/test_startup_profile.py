@@ -41,7 +41,7 @@ def test_the_process_start_is_read_from_proc() -> None:
 
 def test_the_trainer_s_phases_and_the_first_step_reach_the_node(tmp_path: Path) -> None:
     rd = RunDir(tmp_path / "run")
-    rd = RunDir(rd.path, node=NodeChannel.open(rd.path, rd.status_dir, job="1.0.0", local_ranks=1, base=tmp_path))
+    rd = RunDir(rd.path, node=NodeChannel.open(rd.path, rd.node_summary, job="1.0.0", local_ranks=1, base=tmp_path))
     rd.write_status(0, "running")
     startup = Startup()
     marks = StartupMarks(startup, rd, 0, "n1")
@@ -78,7 +78,7 @@ def test_jobs_status_names_the_slowest_rank_of_each_phase(tmp_path: Path) -> Non
 
 def _script_run_dir(tmp_path: Path, node: bool) -> RunDir:
     rd = RunDir(tmp_path / "run")
-    channel = NodeChannel.open(rd.path, rd.status_dir, job="1.0.0", local_ranks=1, base=tmp_path) if node else None
+    channel = NodeChannel.open(rd.path, rd.node_summary, job="1.0.0", local_ranks=1, base=tmp_path) if node else None
     rd = RunDir(rd.path, node=channel)
     rd.write_status(0, "running")  # as run_user_script does first
     return rd

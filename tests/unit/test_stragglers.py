@@ -339,7 +339,7 @@ def test_rank_0_of_a_script_reads_each_new_verdict_of_its_worker_once(tmp_path: 
     from hpc_train.core.nodes import NODE_DIR_VARIABLE, NodeChannel
     from hpc_train.runtime.script_clock import WINDOW_VARIABLE, TrackerFigures
 
-    channel = NodeChannel.open(tmp_path, tmp_path / "status", job="1", local_ranks=2, base=tmp_path / "shm")
+    channel = NodeChannel.open(tmp_path, RunDir(tmp_path).node_summary, job="1", local_ranks=2, base=tmp_path / "shm")
     environ = {
         "RANK": "0",
         WINDOW_VARIABLE: "1",
