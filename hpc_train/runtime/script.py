@@ -27,6 +27,7 @@ How a rank's script run ends (the exit contract):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import runpy
@@ -60,7 +61,9 @@ from hpc_train.train.stopping import StopSignals, signal_number
 
 __all__ = [
     "ScriptError",
+    "ScriptLaunch",
     "ScriptRun",
+    "rendezvous_store",
     "run_script",
     "run_user_script",
     "script_startup",
@@ -189,40 +192,95 @@ class _Copy:
         return "\n".join(self._kept.decode(errors="replace").splitlines()[-lines:])
 
 
-def run_script(
-    script: ScriptConfig,
-    env: DistEnv,
-    cluster: ClusterConfig,
-    run_dir: str,
-    timeout: timedelta,
-    attempt: int = 0,
-    early_stop: StopSignals | None = None,
-    log_path: Path | None = None,
-    extra: Mapping[str, str] | None = None,
-    peers_ended: Callable[[], bool] = lambda: True,
-) -> ScriptRun:
-    """Run the script as a child process with the torchrun environment, until it exits.
+@dataclass(frozen=True)
+class ScriptLaunch:
+    """What one rank's script is started with: its command line, the variables it gets on top of this process's
+    environment (the torchrun ones and the trackers'), the signals that count as a stop, and the rank's log."""
+
+    argv: tuple[str, ...]
+    variables: Mapping[str, str]
+    stop_signals: frozenset[int]
+    log_path: Path | None = None
+    """The rank's log, which gets the script's stdout and stderr too (None: the console only)."""
+
+    @classmethod
+    def of(
+        cls,
+        script: ScriptConfig,
+        env: DistEnv,
+        cluster: ClusterConfig,
+        run_dir: str,
+        attempt: int,
+        log_path: Path | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> ScriptLaunch:
+        """The launch of ``script`` as this rank, in this attempt; ``extra``: variables of the caller's (the
+        trackers' runs, the global batch), which the torchrun ones override."""
+        variables = {**(extra or {}), **torchrun_environment(env, cluster, run_dir, attempt, script.torchrun_env)}
+        stops = frozenset(int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(","))
+        return cls(tuple(script_argv(script)), variables, stops, log_path)
+
+
+@contextmanager
+def rendezvous_store(
+    env: DistEnv, torchrun_env: bool, timeout: timedelta, peers_ended: Callable[[], bool] = lambda: True
+) -> Iterator[None]:
+    """On rank 0, with the torchrun environment: this process hosts the scripts' rendezvous store for the block
+    (they connect as clients, TORCHELASTIC_USE_AGENT_STORE), and keeps it up after the block until
+    ``peers_ended()`` (every other rank's script has ended), ``timeout`` at most. Elsewhere: nothing."""
+    if env.rank != 0 or not torchrun_env:
+        yield
+        return
+    store = _host_store(env, timeout)
+    yield
+    _keep_until(peers_ended, timeout)
+    del store  # the server stops with its last reference
+
+
+class _Forward:
+    """Passes the signals that reach this rank on to the script while it runs (``installed``), and remembers the
+    first stop signal among them and when it came. A hang-up is a stop: the script hears the SIGTERM it knows
+    how to handle."""
+
+    def __init__(self, child: subprocess.Popen[bytes], stops: frozenset[int]) -> None:
+        self.child, self.stops = child, stops
+        self.stopped_by, self.stopped_at = 0, 0.0
+
+    def __call__(self, signum: int, frame: FrameType | None = None) -> None:
+        if signum == signal.SIGHUP:
+            signum = signal.SIGTERM
+        if signum in self.stops and not self.stopped_by:
+            self.stopped_by, self.stopped_at = signum, time.monotonic()
+        self.child.send_signal(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[_Forward]:
+        previous = {sig: signal.signal(sig, self) for sig in FORWARDED}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run_script(launch: ScriptLaunch, early_stop: StopSignals | None = None) -> ScriptRun:
+    """Run the script as a child process with ``launch``'s environment, until it exits.
 
     Signals that reach this rank (Slurm's preemption signal, Ctrl-C, SIGTERM) are passed on to the script;
     the first stop signal among them is remembered. ``early_stop``: the handlers of the rank's start-up; a
     signal they caught (up to the moment this one takes over, the store's start included) is passed on as
-    soon as the script runs. ``log_path``: the rank's log, which gets the script's stdout and stderr too.
-    On rank 0, with the torchrun environment, this process hosts the scripts' rendezvous store and keeps it up
-    after its own script has exited until ``peers_ended()`` (every other rank's script has ended), ``timeout``
-    at most.
+    soon as the script runs. The caller hosts the rendezvous store around it (``rendezvous_store``).
     """
-    store = _host_store(env, timeout) if env.rank == 0 and script.torchrun_env else None
-    variables = {**(extra or {}), **torchrun_environment(env, cluster, run_dir, attempt, torchrun=script.torchrun_env)}
-    stops = {int(s) for s in variables["HPC_TRAIN_STOP_SIGNALS"].split(",")}
     inherited = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
+    log_path = launch.log_path
     log_fd = None if log_path is None else os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     # A terminal (cluster=debug with script.command) keeps the script's stdout: it stays line-buffered there.
     # stderr is always copied, for the failure report.
     to_terminal = os.isatty(sys.stdout.fileno())
     try:
         child = subprocess.Popen(
-            script_argv(script),
-            env={**inherited, **variables},
+            list(launch.argv),
+            env={**inherited, **launch.variables},
             stdout=None if to_terminal else subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -230,36 +288,19 @@ def run_script(
         copies = [_Copy(child.stderr, sys.stderr.fileno(), log_fd, "stderr")]
         if child.stdout is not None:
             copies.append(_Copy(child.stdout, sys.stdout.fileno(), log_fd, "stdout"))
-        stopped_by, stopped_at = 0, 0.0
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            nonlocal stopped_by, stopped_at
-            if signum == signal.SIGHUP:  # a hang-up is a stop: the script hears the SIGTERM it knows how to handle
-                signum = signal.SIGTERM
-            if signum in stops and not stopped_by:
-                stopped_by, stopped_at = signum, time.monotonic()
-            child.send_signal(signum)
-
-        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-        if early_stop is not None and early_stop.received:
-            forward(early_stop.received, None)
-        try:
+        with _Forward(child, launch.stop_signals).installed() as forward:
+            if early_stop is not None and early_stop.received:
+                forward(early_stop.received)
             code = child.wait()
             exited = time.monotonic()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         for copy in copies:  # every copy ends before the log is closed
             copy.wait()
         tail = copies[0].tail()
     finally:
         if log_fd is not None:
             os.close(log_fd)
-    if store is not None:
-        _keep_until(peers_ended, timeout)
-        del store  # the server stops with its last reference
-    stop_s = exited - stopped_at if stopped_by and code == 0 else None
-    return ScriptRun(code, stopped_by, tail, stop_s)
+    stop_s = exited - forward.stopped_at if forward.stopped_by and code == 0 else None
+    return ScriptRun(code, forward.stopped_by, tail, stop_s)
 
 
 def run_here(script: ScriptConfig, variables: dict[str, str]) -> ScriptRun:
@@ -330,18 +371,10 @@ def run_user_script(
             run = run_here(cfg.script, trackers | variables)
         else:
             log_path = rd.rank_log(env.rank, job.attempt)
-            run = run_script(
-                cfg.script,
-                env,
-                cfg.cluster,
-                str(rd.path),
-                timeout,
-                job.attempt,
-                early_stop,
-                log_path,
-                extra=trackers,
-                peers_ended=lambda: scripts_ended(rd, env, job.attempt),
-            )
+            launch = ScriptLaunch.of(cfg.script, env, cfg.cluster, str(rd.path), job.attempt, log_path, trackers)
+            peers_ended = functools.partial(scripts_ended, rd, env, job.attempt)
+            with rendezvous_store(env, cfg.script.torchrun_env, timeout, peers_ended):
+                run = run_script(launch, early_stop)
     progress = rd.progress_record(env.rank)
     first, last = progress.first_step, progress.step
     start = None if first is None else first - 1

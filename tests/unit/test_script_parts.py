@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,32 @@ def test_a_scripts_traceback_starts_at_its_own_frame(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1 and "nope.py" in missing.stderr  # nothing of the script: the whole traceback
     assert from_the_script(None) is None
+
+
+def test_a_launch_record_holds_the_command_its_variables_and_stops_and_runs_as_given(tmp_path: Path) -> None:
+    """``ScriptLaunch.of`` for rank 1 of 2 and a plain run of it: the child sees the torchrun variables over the
+    caller's, its output lands in the rank log, and a SIGHUP that reaches the rank is passed on as SIGTERM (a
+    stop). Rank 1 hosts no store."""
+    from hpc_train.runtime.script import ScriptLaunch, rendezvous_store, run_script
+
+    from .test_process_group import env_with
+
+    (tmp_path / "train.py").write_text("")
+    cfg = composed(f"script.path={tmp_path / 'train.py'}", "cluster.signal=USR1")
+    env = env_with(1, 2)
+    launch = ScriptLaunch.of(cfg.script, env, cfg.cluster, str(tmp_path), 3, tmp_path / "rank_1.log", {"RANK": "9"})
+    assert launch.argv[-1] == str(tmp_path / "train.py") and launch.variables["RANK"] == "1"  # the torchrun ones win
+    assert launch.variables["HPC_TRAIN_ATTEMPT"] == "3" and launch.stop_signals == {10, 15, 2}
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+        "print(os.environ['RANK'], os.environ['LOCAL_WORLD_SIZE'], flush=True)\n"
+        "time.sleep(0.5)\n"  # the rank's handlers are in place by then (here no start-up's are before them)
+        "os.kill(os.getppid(), signal.SIGHUP)\n"
+        "time.sleep(30)\n"
+    )
+    launch = ScriptLaunch((sys.executable, "-c", code), launch.variables, launch.stop_signals, launch.log_path)
+    with rendezvous_store(env, True, timedelta(seconds=5)):
+        run = run_script(launch)
+    assert (run.code, run.stopped_by) == (0, 15) and run.stop_to_exit_s is not None
+    assert "1 2" in (tmp_path / "rank_1.log").read_text()
