@@ -18,10 +18,29 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from hpc_train.core.records import FATAL_KINDS, RETRYABLE_KINDS, Failure, FailureKind, RankState, RankStatus
+from hpc_train.core.records import (
+    FATAL_KINDS,
+    RETRYABLE_KINDS,
+    AttemptOutcome,
+    Failure,
+    FailureKind,
+    RankState,
+    RankStatus,
+)
 from hpc_train.train.watchdog import FROZEN
 
-__all__ = ["FATAL_KINDS", "RETRYABLE_KINDS", "Failure", "FailureKind", "SrunReport", "classify"]
+__all__ = [
+    "CANCELLED",
+    "FATAL_KINDS",
+    "RETRYABLE_KINDS",
+    "AttemptEnd",
+    "Failure",
+    "FailureKind",
+    "SrunReport",
+    "StepEnd",
+    "attempt_outcome",
+    "classify",
+]
 
 Statuses = Mapping[int, RankStatus]
 
@@ -137,9 +156,72 @@ def _from_status(rank: int, status: RankStatus, statuses: Statuses) -> Failure:
     return Failure(kind=kind, rank=rank, host=host, error=error, traceback=traceback, step=step, suspects=suspects)
 
 
-def classify(statuses: Statuses, srun: SrunReport, exit_code: int, previous: Failure | None = None) -> Failure:
+CANCELLED = "cancelled by `python -m hpc_train.jobs cancel`"
+"""The message of an attempt whose step was ended on request (a pack member's ``jobs cancel``)."""
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What an attempt's step left when srun exited, as the supervisor saw it: all ``attempt_outcome`` reads."""
+
+    statuses: Statuses
+    """The ranks' statuses from this attempt."""
+    ranks: int
+    exit_code: int
+    srun: SrunReport
+    stop_signal: int
+    """cluster.signal's number: ranks that stopped on it (or requeued the job) stopped the attempt."""
+    signalled: bool = False
+    """The supervisor itself got a stop signal (scancel, Slurm's requeue, a Ctrl-C)."""
+    cancelled: bool = False
+    """``jobs cancel`` asked for this run (a pack's member): its ranks were stopped."""
+    launch_timeout_s: float | None = None
+    """No rank started within this many seconds, and the supervisor ended srun (None: the step launched)."""
+    previous: Failure | None = None
+    """The failure of the attempt before, to tell a repeated exception."""
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended: its outcome, its failure (FAILED only) and a message (CANCELLED's)."""
+
+    outcome: AttemptOutcome
+    failure: Failure | None = None
+    message: str = ""
+
+
+def attempt_outcome(end: StepEnd) -> AttemptEnd:
+    """How the attempt whose step ended as ``end`` says came out, in this order: every rank completed; cancelled
+    on request; stopped by a signal (the supervisor's own, or the preemption signal the ranks stopped on; ranks
+    that stopped on the SIGTERM srun sends after another task failed do not count: that is a failure); else
+    failed, of what ``classify`` finds."""
+    statuses = end.statuses
+    if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(end.ranks)):
+        return AttemptEnd(AttemptOutcome.COMPLETED)
+    if end.cancelled:
+        return AttemptEnd(AttemptOutcome.STOPPED, message=CANCELLED)
+    stopped = any(
+        s.state is RankState.STOPPED and (s.signal == end.stop_signal or s.requeued) for s in statuses.values()
+    )
+    if end.signalled or stopped:
+        return AttemptEnd(AttemptOutcome.STOPPED)
+    failure = classify(statuses, end.srun, end.exit_code, end.previous, end.launch_timeout_s)
+    return AttemptEnd(AttemptOutcome.FAILED, failure=failure)
+
+
+def classify(
+    statuses: Statuses,
+    srun: SrunReport,
+    exit_code: int,
+    previous: Failure | None = None,
+    launch_timeout_s: float | None = None,
+) -> Failure:
     """The failure of a step that ended with ``exit_code`` before every rank completed. ``previous`` is the
-    failure of the attempt before, to tell a repeated exception."""
+    failure of the attempt before, to tell a repeated exception. ``launch_timeout_s``: no rank started within
+    it, and the supervisor ended srun; whatever srun then said is about its ending, not a cause."""
+    if launch_timeout_s is not None:
+        error = f"no rank of the step started within {launch_timeout_s:.0f}s; the supervisor ended srun"
+        return Failure(kind=FailureKind.UNKNOWN, error=error)
     failure = _classify(statuses, srun, exit_code)
     if failure.kind == FailureKind.EXCEPTION and failure.same_as(previous):
         return replace(failure, kind=FailureKind.REPEATED_EXCEPTION)

@@ -24,6 +24,7 @@ Every attempt is recorded in ``status/attempts.json`` and the goodput ledger in 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import shlex
@@ -39,11 +40,11 @@ from hpc_train.config.shape import ASKED_VARIABLE, NODES_VARIABLE, Shape, fits_o
 from hpc_train.core.errors import EXIT_FATAL, EXIT_GAVE_UP, ExitCode
 from hpc_train.core.hostlist import expand_hostlist
 from hpc_train.core.identity import JobIdentity
-from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, FailureKind, RankState, RankStatus, Reshape
+from hpc_train.core.records import AttemptOutcome, AttemptRecord, BadNode, RankStatus, Reshape
 from hpc_train.core.rundir import RunDir
 from hpc_train.core.textutil import asked_for
 from hpc_train.mirror.pull import StoryNotRestored, restore_story
-from hpc_train.runtime.failures import Failure, SrunReport, classify
+from hpc_train.runtime.failures import CANCELLED, Failure, SrunReport, StepEnd, attempt_outcome
 from hpc_train.runtime.grow import (
     checkpoint_cost_s,
     estimate,
@@ -73,7 +74,6 @@ __all__ = ["EXIT_FATAL", "EXIT_GAVE_UP", "main", "pick_nodes", "run", "run_packe
 
 STOP_GRACE_S = 30
 """After a stop signal, how long srun gets beyond cluster.slurm.srun_wait_s before the supervisor ends it."""
-CANCELLED = "cancelled by `python -m hpc_train.jobs cancel`"
 """The message of an attempt ended on a cancel request (a member of a pack, cancelled alone)."""
 STRAGGLER_CHECK_S = 10.0
 """How often the supervisor reads the straggler verdicts, with ``cluster.stragglers.replace_after_s``."""
@@ -186,9 +186,8 @@ class Supervisor:
             if why_not is not None:
                 return self._give_up(entry, why_not)
             if self.cluster.slurm.spare_nodes or self.cluster.asks_range:
-                for host in failure.suspects:
-                    if host in self.allocation:
-                        self.rd.add_bad_node(host, failure.describe(), number)
+                for host in [h for h in failure.suspects if h in self.allocation]:
+                    self.rd.add_bad_node(host, failure.describe(), number)
             say(f"attempt {number} failed ({failure.describe()}); starting attempt {number + 1} in this allocation")
 
     def _attempt(self, number: int, nodes: list[str]) -> AttemptRecord:
@@ -216,32 +215,33 @@ class Supervisor:
             self.grow_check_at = time.monotonic() + self.cluster.slurm.grow_every_min * 60
             code = step.wait(
                 self.signals,
-                self.cluster.slurm.srun_wait_s + STOP_GRACE_S,
-                lambda: bool(self._statuses(number)),
-                launch_s,
-                self.rd.cancel_requested,
-                lambda: self._tick(step, number, nodes),
+                grace_s=self.cluster.slurm.srun_wait_s + STOP_GRACE_S,
+                started=functools.partial(self._started, number),
+                launch_s=launch_s,
+                cancelled=self.rd.cancel_requested,
+                tick=functools.partial(self._tick, step, number, nodes),
             )
         finally:
             if step.proc.poll() is None:  # this process is going away: its step (own session, maybe) goes too
                 step.end()
         entry = replace(entry, end=time.time(), exit_code=code, progress=self.rd.progress_record(0))
-        statuses = self._statuses(number)
-        if all(r in statuses and statuses[r].state is RankState.COMPLETED for r in range(entry.ranks or 0)):
-            entry = replace(entry, outcome=AttemptOutcome.COMPLETED)
-        elif self.rd.cancel_requested():  # `jobs cancel` of this member of a pack: its ranks were stopped
-            entry = replace(entry, outcome=AttemptOutcome.STOPPED, message=CANCELLED)
-        elif self._stopped(statuses):
-            entry = replace(entry, outcome=AttemptOutcome.STOPPED)
-        else:
-            attempts = self.ledger.attempts
-            previous = attempts[-2].failure if len(attempts) > 1 else None
-            failure = classify(statuses, SrunReport.parse(step.lines), code, previous)
-            if step.launch_timed_out:
-                error = f"no rank of the step started within {launch_s:.0f}s; the supervisor ended srun"
-                failure = Failure(kind=FailureKind.UNKNOWN, error=error)
-            entry = replace(entry, outcome=AttemptOutcome.FAILED, failure=failure)
-            _log_failure(failure)
+        attempts = self.ledger.attempts
+        ended = attempt_outcome(
+            StepEnd(
+                statuses=self._statuses(number),
+                ranks=entry.ranks or 0,
+                exit_code=code,
+                srun=SrunReport.parse(step.lines),
+                stop_signal=signal_number(self.cluster.signal),
+                signalled=bool(self.signals.received),
+                cancelled=self.rd.cancel_requested(),
+                launch_timeout_s=launch_s if step.launch_timed_out else None,
+                previous=attempts[-2].failure if len(attempts) > 1 else None,
+            )
+        )
+        entry = replace(entry, outcome=ended.outcome, failure=ended.failure, message=ended.message or entry.message)
+        if ended.failure is not None:
+            _log_failure(ended.failure)
         self.ledger.save(entry)
         return entry
 
@@ -451,19 +451,14 @@ class Supervisor:
         requeued."""
         return signal_number(self.cluster.signal) if self.interactive or in_pack(self.environ) else 0
 
+    def _started(self, attempt: int) -> bool:
+        """Some rank of ``attempt`` has written its status: the step launched."""
+        return bool(self._statuses(attempt))
+
     def _statuses(self, attempt: int) -> dict[int, RankStatus]:
         """The ranks' statuses from this attempt: a rank of an earlier one that outlived its step (on a node
         cut off from Slurm) may still write its own."""
         return {r: s for r, s in self.rd.rank_statuses().items() if s.attempt in (None, attempt)}
-
-    def _stopped(self, statuses: Mapping[int, RankStatus]) -> bool:
-        """The step ended on a stop signal: this batch step got one (scancel, Slurm's requeue), or the ranks
-        stopped on the preemption signal (and requeued the job). Ranks that stopped on the SIGTERM srun sends
-        after another task failed do not count: that is a failure."""
-        if self.signals.received:
-            return True
-        own = signal_number(self.cluster.signal)
-        return any(s.state is RankState.STOPPED and (s.signal == own or s.requeued) for s in statuses.values())
 
     def _refusal(self) -> str | None:
         """Why the failure that just ended an attempt is not retried: the restart budget is spent."""

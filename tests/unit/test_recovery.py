@@ -616,3 +616,49 @@ def test_the_ledger_reads_the_attempts_once_per_allocation(tmp_path: Path, monke
     assert len(reads) == 1
     monkeypatch.undo()
     assert [a["outcome"] for a in rd.read_attempts()] == ["failed", "failed", "completed"]
+
+
+def stopped(rank: int, host: str, signal: int, requeued: str | None = None) -> RankStatus:
+    return RankStatus(
+        rank=rank, state=RankState.STOPPED, host=host, step=40, time=2.0, signal=signal, requeued=requeued
+    )
+
+
+def completed(rank: int) -> RankStatus:
+    return RankStatus(rank=rank, state=RankState.COMPLETED, host="node1", step=80, time=3.0)
+
+
+def test_the_attempts_outcome_is_decided_from_what_its_step_left_in_order() -> None:
+    """``attempt_outcome``: completed, then cancelled, then stopped (the supervisor's signal, or ranks on the
+    preemption signal or requeued; a SIGTERM from srun after another task failed is no stop), then failed of
+    what ``classify`` finds; a step that never launched failed of that, whatever srun said while being ended."""
+    from hpc_train.runtime.failures import CANCELLED, StepEnd, attempt_outcome
+
+    usr1, term = 10, 15
+    kill = SrunReport.parse(SRUN_KILL)
+
+    def end(statuses: dict[int, RankStatus], **given: Any) -> tuple[str, str, str | None]:
+        step = StepEnd(
+            **{"statuses": statuses, "ranks": 2, "exit_code": 137, "srun": kill, "stop_signal": usr1, **given}
+        )
+        found = attempt_outcome(step)
+        return str(found.outcome), found.message, None if found.failure is None else str(found.failure.kind)
+
+    assert end({0: completed(0), 1: completed(1)}, cancelled=True) == ("completed", "", None)
+    assert end({0: completed(0)}) == ("failed", "", "killed")  # rank 1 never said it completed
+    assert end({0: running(0, "node1")}, cancelled=True, signalled=True) == ("stopped", CANCELLED, None)
+    assert end({0: running(0, "node1")}, signalled=True) == ("stopped", "", None)
+    assert end({0: stopped(0, "node1", usr1), 1: failed(1, "node2", "Killed")}) == ("stopped", "", None)
+    assert end({0: stopped(0, "node1", term, requeued="7")}) == ("stopped", "", None)
+    quiet = SrunReport([], [])
+    assert end({0: stopped(0, "node1", term), 1: failed(1, "node2", "ValueError: x")}, srun=quiet) == (
+        "failed",
+        "",
+        "exception",
+    )
+    timed_out = attempt_outcome(StepEnd({}, 2, 143, kill, usr1, launch_timeout_s=130.0))
+    assert timed_out.failure is not None and str(timed_out.failure.kind) == "unknown"
+    assert timed_out.failure.error == "no rank of the step started within 130s; the supervisor ended srun"
+    first = attempt_outcome(StepEnd({1: failed(1, "node2", "ValueError: x")}, 2, 1, SrunReport([], []), usr1))
+    again = StepEnd({1: failed(1, "node2", "ValueError: x")}, 2, 1, SrunReport([], []), usr1, previous=first.failure)
+    assert str(attempt_outcome(again).failure.kind) == "repeated_exception"  # type: ignore[union-attr]
