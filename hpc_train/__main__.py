@@ -34,8 +34,8 @@ def main() -> None:
                 composed()
     except KeyboardInterrupt:  # before a launcher took over its job's Ctrl-C or SIGTERM (importing, composing)
         print(f"\nhpc_train: {_interrupted()}", file=sys.stderr, flush=True)
-        # A Ctrl-C that lands inside an import leaves CPython set to end the process by SIGINT at exit, though
-        # it was handled here (exit status -2 instead of 130; seen in 2 of 40 tries): end with 130 ourselves.
+        # A Ctrl-C that lands inside an import can leave CPython set to end the process by SIGINT at exit, though
+        # it was handled here (exit status -2 instead of 130): end with 130 ourselves.
         # Nothing was started that needs cleaning up, and both streams are flushed.
         sys.stdout.flush()
         os._exit(ExitCode.INTERRUPTED)

@@ -187,7 +187,7 @@ class DDPConfig(Checked):
     """Promise the graph is the same every step: lets DDP skip work (and makes unused parameters fine)."""
     gradient_as_bucket_view: bool = True
     """Gradients alias the all-reduce buckets: no copy into and out of the buckets each step, and one
-    gradient-sized buffer less. On (unlike torch's default): +5-8% samples/s for a 2-rank CPU MLP. Set false if
+    gradient-sized buffer less. On, unlike torch's default (docs/performance.md has the figures). Set false if
     your code calls ``.detach_()`` on a gradient, which a view does not allow."""
     bucket_cap_mb: float = 25.0
     """Size of the gradient buckets all-reduced together."""
@@ -212,10 +212,8 @@ class TrainerConfig(Checked):
     batch_size: int = 64
     """Samples per process per step; the global batch is batch_size x world size."""
     lr: float = 1e-4
-    """Base learning rate, meant for a global batch of ``lr_reference_batch_size``. 1e-4 (Hugging Face's Trainer
-    uses 5e-5): at AdamW's textbook 1e-3 the default run's MLP learned the synthetic set's noise within its first
-    epoch, and its validation got worse every epoch after it (0.854, 0.850, 0.842); at 1e-4 validation loss and
-    accuracy improve every epoch (0.778, 0.865, 0.874) in the same time. optim=sgd brings its own (0.05)."""
+    """Base learning rate, meant for a global batch of ``lr_reference_batch_size``. The default suits AdamW on the
+    default job (docs/configuration.md says why not 1e-3); optim=sgd brings its own (0.05)."""
     lr_scaling: str = "none"
     """How the base LR follows the global batch: linear (SGD-like), sqrt (Adam-like) or none."""
     lr_reference_batch_size: int = 128

@@ -28,12 +28,12 @@ __all__ = ["Startup"]
 class Startup:
     """A context for a rank's start-up: the cyclic garbage collector is off until ``done()``.
 
-    Importing torch and torch._dynamo (which the optimizer and DDP pull in) creates ~280k objects; with the
-    collector on, it walks them again and again while they are being made. Off during start-up, each rank
-    reached its first step about 0.4 s sooner on a 2-core node. ``done()`` freezes what start-up made, so full
-    collections during training no longer walk those long-lived objects either. The price: cyclic garbage made
-    during start-up (about 10k objects from the imports; a user's dataset may add some) is kept, once; it does
-    not grow. Collecting it first would cost a full collection (~0.1-0.2 s) before step 1.
+    Importing torch and torch._dynamo (which every torch optimizer pulls in) creates hundreds of thousands of
+    objects; with the collector on, it walks them again and again while they are being made
+    (docs/performance.md has what it costs). ``done()`` freezes what start-up made, so full collections during
+    training no longer walk those long-lived objects either. The price: cyclic garbage made during start-up (from
+    the imports; a user's dataset may add some) is kept, once; it does not grow. Collecting it first would cost
+    a full collection before step 1.
     """
 
     def __init__(self) -> None:

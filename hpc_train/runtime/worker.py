@@ -15,7 +15,8 @@ import os
 import signal
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,6 +110,41 @@ def _node_reporting(rd: RunDir) -> Iterator[None]:
         os.environ.pop(NODE_DIR_VARIABLE, None)
 
 
+@dataclass(frozen=True)
+class RankContext:
+    """What every part of a rank's life reads: its run dir, its place in the job, its config, its attempt and its
+    start-up marks. Built once the config is loaded; the parts below take it instead of the five."""
+
+    rd: RunDir
+    env: DistEnv
+    cfg: Config
+    job: JobIdentity
+    startup: Startup
+
+
+class _Ending:
+    """How the rank's work ended, for what closes after it: the fit (None while it runs, or after a failure) and
+    the rank's outcome once it is decided."""
+
+    def __init__(self, rank: RankContext) -> None:
+        self.rank = rank
+        self.fit: Fit | None = None
+        self.outcome: Outcome | None = None
+
+    def decide(self) -> None:
+        """The rank's outcome: completed, or stopped (and requeued on Slurm, within the limits); nothing after a
+        failure, which goes on up."""
+        if self.fit is not None:
+            self.outcome = _ended(self.rank, self.fit)
+
+    @property
+    def tracking(self) -> str:
+        """The trackers' word for it: completed, stopped or failed."""
+        if self.fit is None:
+            return "failed"
+        return "completed" if self.fit.completed else "stopped"
+
+
 def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcome:
 
     cfg = load_config(rd.config)
@@ -116,77 +152,67 @@ def _run(rd: RunDir, env: DistEnv, job: JobIdentity, startup: Startup) -> Outcom
         rd.node.every_s = cfg.cluster.status_every_s
     if os.environ.get(NODES_VARIABLE):  # the supervisor went on with fewer nodes (cluster.min_nodes)
         cfg = on_nodes(cfg, int(os.environ[NODES_VARIABLE]))
+    rank = RankContext(rd, env, cfg, job, startup)
     if cfg.script.enabled:
         if env.rank == 0 and cfg.script.torchrun_env:  # it hosts the scripts' store: torch, with the collector off
             import torch.distributed  # noqa: F401
         startup.done()
-        mirror = _mirror(rd, env, cfg)
-        if mirror is not None:  # the run's story now; what the script wrote into the run dir at its end
-            mirror.sync()
-        try:
-            fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
-        except BaseException:
-            _close_mirror(mirror, cfg, None, env)
-            raise
-        _close_mirror(mirror, cfg, fit, env)
-        return _ended(rd, env, cfg, job, fit)
-    trackers = TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled else None
-    mirror = _mirror(rd, env, cfg)
-    try:
-        fit = _train(rd, env, cfg, job, startup, trackers, mirror)
-    except BaseException:
-        _close_mirror(mirror, cfg, None, env)
+    trackers = (
+        TrackerLog(rd, cfg, job.attempt) if env.is_main and cfg.tracking.enabled and not cfg.script.enabled else None
+    )
+    ending = _Ending(rank)
+    with ExitStack() as closing:
+        # Closed in reverse, after the work or its failure: the mirror first (the stop's checkpoint is the one a
+        # purged run dir comes back from), then the outcome (the requeue), then the trackers (their last rows
+        # must not delay the requeue).
         if trackers is not None:
-            trackers.close("failed")
-        raise
-    # Before the requeue: the stop's checkpoint is the one a purged run dir comes back from.
-    _close_mirror(mirror, cfg, fit, env)
-    try:
-        return _ended(rd, env, cfg, job, fit)  # the requeue first: the trackers' last rows must not delay it
-    finally:
-        if trackers is not None:
-            trackers.close("completed" if fit.completed else "stopped")
+            closing.callback(lambda: trackers.close(ending.tracking))
+        closing.callback(ending.decide)
+        mirror = _mirror(rank)
+        if mirror is not None:
+            closing.callback(lambda: _close_mirror(mirror, rank, ending.fit))
+        if cfg.script.enabled:
+            if mirror is not None:  # the run's story now; what the script wrote into the run dir at its end
+                mirror.sync()
+            ending.fit = run_user_script(rd, env, cfg, job, early_stop=startup.signals, startup=startup)
+        else:
+            ending.fit = _train(rank, trackers, mirror)
+    assert ending.outcome is not None
+    return ending.outcome
 
 
-def _mirror(rd: RunDir, env: DistEnv, cfg: Config) -> Mirror | None:
+def _mirror(rank: RankContext) -> Mirror | None:
     """Rank 0's mirror (trainer.mirror, trainer.mirror_hook); None elsewhere or when off."""
-    if not env.is_main or not (cfg.trainer.mirror or cfg.trainer.mirror_hook):
+    cfg = rank.cfg
+    if not rank.env.is_main or not (cfg.trainer.mirror or cfg.trainer.mirror_hook):
         return None
     # torch (mirroring names checkpoints): after the first status, as the trainer
     from hpc_train.runtime.mirroring import open_mirror
 
-    return open_mirror(rd, cfg)
+    return open_mirror(rank.rd, cfg)
 
 
-def _close_mirror(mirror: Mirror | None, cfg: Config, fit: Fit | None, env: DistEnv) -> None:
-    if mirror is not None:
-        # imported with open_mirror already
-        from hpc_train.runtime.mirroring import close_mirror
+def _close_mirror(mirror: Mirror, rank: RankContext, fit: Fit | None) -> None:
+    # imported with open_mirror already
+    from hpc_train.runtime.mirroring import close_mirror
 
-        close_mirror(mirror, cfg, fit, env.world_size)
+    close_mirror(mirror, rank.cfg, fit, rank.env.world_size)
 
 
-def _ended(rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, fit: Fit) -> Outcome:
+def _ended(rank: RankContext, fit: Fit) -> Outcome:
     """The rank's outcome: completed, or stopped (and requeued on Slurm, within the limits)."""
 
     if fit.completed:
         return Outcome(state=RankState.COMPLETED, step=fit.step or 0, peak=fit.peak, note=fit.note)
-    return after_stop(rd, env, cfg, job, fit)
+    return after_stop(rank.rd, rank.env, rank.cfg, rank.job, fit)
 
 
-def _train(
-    rd: RunDir,
-    env: DistEnv,
-    cfg: Config,
-    job: JobIdentity,
-    startup: Startup,
-    trackers: TrackerLog | None,
-    mirror: Mirror | None,
-) -> Fit:
+def _train(rank: RankContext, trackers: TrackerLog | None, mirror: Mirror | None) -> Fit:
 
     # torch: after the first status, so that launchers see the rank before its 2 s of imports
     from hpc_train.distributed import distributed
 
+    rd, env, cfg, job, startup = rank.rd, rank.env, rank.cfg, rank.job, rank.startup
     device = startup.device(cfg, env)
     startup.mark("imports")
     fault = armed_fault(attempt=job.attempt)
@@ -194,7 +220,7 @@ def _train(
         fault.at_step(env.rank, 0)  # step 0: before the rendezvous, where a lost rank hurts most
     timeouts = timedelta(seconds=cfg.trainer.dist_timeout_s), timedelta(seconds=cfg.trainer.preflight_timeout_s)
     with (
-        _guards(rd, env, cfg, job, startup) as (stop, watchdog),
+        _guards(rank) as (stop, watchdog),
         distributed(env, device, *timeouts, on_rendezvous=lambda: startup.mark("rendezvous")),
     ):
         _publish_rank_table(rd, env, device, job.attempt)
@@ -202,22 +228,21 @@ def _train(
             log_timeouts(cfg, rd, os.environ, logging.getLogger("hpc_train"))
         rd.write_status(env.rank, RankState.RUNNING, attempt=job.attempt)
         startup.mark("process_group")
-        observers = _observers(rd, env, job, watchdog, fault, trackers, mirror, startup)
-        return _fit(rd, env, cfg, device, stop, observers, startup)
+        observers = _observers(rank, watchdog, fault, trackers, mirror)
+        return _fit(rank, device, stop, observers)
 
 
 @contextmanager
-def _guards(
-    rd: RunDir, env: DistEnv, cfg: Config, job: JobIdentity, startup: Startup
-) -> Iterator[tuple[StopSignals, Watchdog]]:
+def _guards(rank: RankContext) -> Iterator[tuple[StopSignals, Watchdog]]:
     """Stop signals and the watchdog, for the whole of training.
 
     Signals are caught from the worker's first line (``Startup``): one that comes during start-up is kept and
-    acted on after step 1, so the stop still leaves a checkpoint. The watchdog ends a rank that stops making progress, after writing its stacks to the rank log.
+    acted on after step 1, so the stop still leaves a checkpoint. The watchdog ends a rank that stops making
+    progress, after writing its stacks to the rank log.
     """
-
+    rd, env, cfg, job = rank.rd, rank.env, rank.cfg, rank.job
     stop = StopSignals([signal_number(cfg.cluster.signal), signal.SIGTERM, signal.SIGINT, signal.SIGHUP]).install()
-    stop.received = stop.received or startup.stop_received  # a stop that came while torch was being imported
+    stop.received = stop.received or rank.startup.stop_received  # a stop that came while torch was being imported
     with rd.rank_log(env.rank, job.attempt).open("a") as stream:
 
         def fired(why: str) -> None:
@@ -251,19 +276,12 @@ def _publish_rank_table(rd: RunDir, env: DistEnv, device: torch.device, attempt:
 
 
 def _observers(
-    rd: RunDir,
-    env: DistEnv,
-    job: JobIdentity,
-    watchdog: Watchdog,
-    fault: Fault | None,
-    trackers: TrackerLog | None,
-    mirror: Mirror | None,
-    startup: Startup,
+    rank: RankContext, watchdog: Watchdog, fault: Fault | None, trackers: TrackerLog | None, mirror: Mirror | None
 ) -> StepObserver:
     """What watches the trainer: the start-up profile, rank 0's goodput progress file and straggler verdicts, the
-    watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires after step N
-    is on record)."""
-
+    watchdog, the heartbeat status, rank 0's trackers, and a test's fault (in that order: a fault at step N fires
+    after step N is on record)."""
+    rd, env = rank.rd, rank.env
     progress = [ProgressFile(rd, env.rank), StragglerLog(rd)] if env.is_main else []
     tracking = [TrackerRows(trackers)] if trackers is not None else []
     copies = []
@@ -273,27 +291,20 @@ def _observers(
 
         copies.append(MirrorCopies(mirror))
     faults = [FaultObserver(fault, env.rank)] if fault is not None else []
-    marks = StartupMarks(startup, rd, env.rank, env.hostname)
-    return Observers(
-        marks, *progress, Kicks(watchdog), Heartbeat(rd, env.rank, job.attempt), *tracking, *copies, *faults
-    )
+    marks = StartupMarks(rank.startup, rd, env.rank, env.hostname)
+    heartbeat = Heartbeat(rd, env.rank, rank.job.attempt)
+    return Observers(marks, *progress, Kicks(watchdog), heartbeat, *tracking, *copies, *faults)
 
 
-def _fit(
-    rd: RunDir,
-    env: DistEnv,
-    cfg: Config,
-    device: torch.device,
-    stop: StopSignals,
-    observer: StepObserver,
-    startup: Startup,
-) -> Fit:
-    """Build the trainer, fit, close; what it reported outlives it (a failure carries its step: ``tag_step``)."""
+def _fit(rank: RankContext, device: torch.device, stop: StopSignals, observer: StepObserver) -> Fit:
+    """Build the trainer, resume it, fit, close; what it reported outlives it (a failure carries its step:
+    ``tag_step``)."""
     # torch: after the first status, so that launchers see the rank before its 2 s of imports
     from hpc_train.train.trainer import Trainer
 
-    trainer = Trainer(cfg, env, device, rd, stop=stop, observer=observer)
-    startup.done()
+    trainer = Trainer(rank.cfg, rank.env, device, rank.rd, stop=stop, observer=observer)
+    trainer.resume()  # a failure here leaves nothing to close yet
+    rank.startup.done()
     try:
         fit = trainer.fit()
     finally:

@@ -61,9 +61,9 @@ def make_synthetic(cfg: DataConfig) -> tuple[BatchedTensorDataset, BatchedTensor
     means *= cfg.class_separation / means.norm(dim=1, keepdim=True)
     y = torch.randint(cfg.num_classes, (cfg.num_samples,), generator=g)
     x = torch.randn(cfg.num_samples, dim, generator=g)
-    # The class means are added in place, a slice at a time: `means[y] + noise` made two more tensors the size of
-    # the data set, and on a 2-core VM that tripled the data set's build time (0.77 s instead of 0.18 s for 30720
-    # MLP samples), which every rank pays before its first step. Same numbers: the draws come in the same order.
+    # The class means are added in place, a slice at a time: `means[y] + noise` would make two more tensors the
+    # size of the data set, which every rank pays for before its first step (docs/performance.md). Same numbers:
+    # the draws come in the same order.
     for start in range(0, cfg.num_samples, _ADD_CHUNK):
         x[start : start + _ADD_CHUNK] += means[y[start : start + _ADD_CHUNK]]
     x = x.reshape(cfg.num_samples, *shape)

@@ -117,12 +117,7 @@ class Trainer:
         self.global_batch = tc.batch_size * env.world_size * self.accumulate
         self.lr = scaled_lr(tc.lr, tc.lr_scaling, self.global_batch, tc.lr_reference_batch_size)
         self.optimizer = build_optimizer(cfg.optim, self.model.parameters(), self.lr)
-        # Leftover micro-batches at the end of an epoch (fewer than `accumulate`) are skipped, not carried over.
-        self.steps_per_epoch = len(self.train_loader) // self.accumulate
-        if cfg.data.drop_last:
-            # Whole global batches of the epoch's order, the same count at any rank count: never the repeats the
-            # sampler pads a rank's share with (a run resumed on another shape then meets the same epochs).
-            self.steps_per_epoch = min(self.steps_per_epoch, len(cast(Sized, train_set)) // self.global_batch)
+        self.steps_per_epoch = self._steps_per_epoch(len(cast(Sized, train_set)))
         self.total_steps = self._total_steps()
         self.scheduler = build_scheduler(self.optimizer, tc.schedule, self.total_steps)
         self.early_stopping = EarlyStopping(tc.early_stopping, device)
@@ -130,26 +125,15 @@ class Trainer:
         # From here on each rank draws its own random numbers (dropout), as in nanoGPT's seed offset.
         torch.manual_seed(tc.seed + env.rank)
 
-        # Control messages (stop flags, random states) go over gloo on the CPU: with NCCL they would make the
-        # host wait for the GPU at every step.
-        self.control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.control: dist.ProcessGroup | None = None
+        """Where control messages (stop flags, random states) go: gloo on the CPU (``resume`` makes it)."""
         self.step = 0
         self.epoch = 0
         self.step_in_epoch = 0
         """Optimizer steps done in the current epoch: where a resumed run picks the data up again."""
         self._epoch_loader_rng = self.loader_rng.get_state()
         self.telemetry = Observer(cfg, env, device, run_dir)
-        self.progress = tqdm(
-            total=self.total_steps,
-            desc="train",
-            unit="step",
-            # A bar redraws with carriage returns: only where a terminal shows it, not in piped or batch logs.
-            disable=not (env.is_main and tc.progress_bar and shows_progress_bar()),
-            file=sys.stderr,
-            mininterval=1.0,
-            dynamic_ncols=False,
-            ncols=110,
-        )
+        self.progress = _progress_bar(self.total_steps, shown=env.is_main and tc.progress_bar)
         self.window = MetricsWindow(device, self.global_batch, self.lr)
         self._saved_step = -1
         """The step of this attempt's latest checkpoint, on every rank (-1: none yet)."""
@@ -162,12 +146,37 @@ class Trainer:
         self.stop_saved_s: float | None = None
         """Seconds from this rank's stop signal to the durable checkpoint it stopped with (None: no stop, or
         another rank caught the signal)."""
+        self.start_step = 0
+        """The step this attempt started from (0, or the resumed checkpoint's): ``resume`` sets it."""
+        self.metrics = run_dir.metrics_writer(enabled=False)  # rank 0's file is opened by resume, which may trim it
+        self.stragglers: StragglerWatch | None = None
+        self._resumed = False
+
+    def resume(self) -> int:
+        """Join the ranks' control group and continue from the newest verified checkpoint in the run dir, if there
+        is one (the mirror's, where the run dir has none; else ``trainer.init_from``); then open rank 0's
+        metrics file and the straggler watch. The step training goes on from (0 for a new run). ``fit`` calls it
+        when the caller has not."""
+        if self._resumed:
+            return self.start_step
+        self._resumed = True
+        # Control messages (stop flags, random states) go over gloo on the CPU: with NCCL they would make the
+        # host wait for the GPU at every step.
+        self.control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         self._resume()
         self.start_step = self.step
-        """The step this attempt started from (0, or the resumed checkpoint's)."""
-        self.metrics = run_dir.metrics_writer(enabled=env.is_main)  # after _resume, which may trim the file
+        self.metrics = self.run_dir.metrics_writer(enabled=self.env.is_main)  # after _resume, which may trim it
         self.stragglers = self._straggler_watch()
         self.observer.on_phase(STARTING_FIT)
+        return self.start_step
+
+    def _steps_per_epoch(self, samples: int) -> int:
+        """Optimizer steps in an epoch of ``samples`` training samples. Leftover micro-batches at the end of an
+        epoch (fewer than ``accumulate``) are skipped, not carried over. With data.drop_last: whole global batches
+        of the epoch's order, the same count at any rank count, never the repeats the sampler pads a rank's share
+        with (a run resumed on another shape then meets the same epochs)."""
+        steps = len(self.train_loader) // self.accumulate
+        return min(steps, samples // self.global_batch) if self.cfg.data.drop_last else steps
 
     def _straggler_watch(self) -> StragglerWatch | None:
         """Each rank's own compute time, shared with rank 0 every cluster.stragglers.window_s (None: one rank,
@@ -200,6 +209,7 @@ class Trainer:
     def fit(self) -> FitResult:
         """Train until max_steps, max_epochs, early stopping (completed) or a stop signal (not completed, with
         the signal). An exception raised on the way is tagged with the step it came at (``core.errors.tag_step``)."""
+        self.resume()
         try:
             completed, signal = self._fit()
             self.stop.settle()
@@ -858,6 +868,21 @@ class Trainer:
         self.telemetry.close()
         if self.stragglers is not None:
             self.stragglers.close()
+
+
+def _progress_bar(total: int, shown: bool) -> tqdm[Any]:
+    """Rank 0's progress bar. A bar redraws with carriage returns: only where a terminal shows it, not in piped
+    or batch logs."""
+    return tqdm(
+        total=total,
+        desc="train",
+        unit="step",
+        disable=not (shown and shows_progress_bar()),
+        file=sys.stderr,
+        mininterval=1.0,
+        dynamic_ncols=False,
+        ncols=110,
+    )
 
 
 def binding_limit(tc: TrainerConfig, steps_per_epoch: int) -> str:
