@@ -129,7 +129,8 @@ class Snapshot:
         pending = buffer.is_pinned() and tensor.device.type == "cuda"
         buffer.copy_(tensor, non_blocking=pending)
         if pending and self._landed is None:
-            self._landed, self._device = torch.cuda.Event(), tensor.device
+            # blocking: the writer thread sleeps until the copies land instead of spinning on a core
+            self._landed, self._device = torch.cuda.Event(blocking=True), tensor.device
         return buffer
 
 
