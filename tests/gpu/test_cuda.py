@@ -215,11 +215,13 @@ def test_stop_and_exact_resume_on_the_gpu(run_cli, tmp_path: Path, precision: st
 def test_a_background_snapshot_from_the_gpu_is_the_state_at_the_save(tmp_path: Path) -> None:
     """The snapshot's copies are queued on the training stream without a wait: in-place updates queued after
     the save do not reach the file, which holds what the synchronous save's holds (on the CPU)."""
-    from hpc_train.train.checkpoint import REQUIRED_KEYS, Checkpoints
+    from hpc_train.train.checkpoint import Checkpoints
     from hpc_train.train.writer import CheckpointWriter
 
-    weight = torch.randn(2048, 2048, device="cuda")
-    state = {key: 0 for key in REQUIRED_KEYS} | {"model": {"w": weight}, "step": 3}
+    from ..unit.test_writer import _state
+
+    state = _state(3)  # a checkpoint's keys, as the CPU test of the same writer has them
+    weight = state["model"]["w"] = torch.randn(2048, 2048, device="cuda")
     sync_run, async_run = RunDir(tmp_path / "sync"), RunDir(tmp_path / "async")
     CheckpointWriter(Checkpoints(sync_run), asynchronous=False).save(state, 3, keep=2)
     writer = CheckpointWriter(Checkpoints(async_run), asynchronous=True, pinned=True)
