@@ -64,10 +64,7 @@ fi
 if [ $# -gt 0 ]; then
     .venv/bin/python -m pytest --durations=25 -n 0 "$@"
 else
-    # The local side yields the CPU to the testbed's jobs (nice 10): the integration tests are the run's critical
-    # path, their jobs' start-ups are CPU-bound, and the local side has time to spare (it ended 10 minutes before
-    # the 22.05 suite did), which it then spends in the integration side's waits on Slurm.
-    nice -n 10 .venv/bin/python -m pytest --durations=40 -n 2 --dist loadscope tests --ignore=tests/integration \
+    .venv/bin/python -m pytest --durations=40 -n 2 --dist loadscope tests --ignore=tests/integration \
         >"$logs/local.log" 2>&1 &
     local_pid=$!
     integration=0
