@@ -216,7 +216,10 @@ def _pin(pid: int, cpu: int, nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
-BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nos.nice(int(sys.argv[2]))\nwhile True:\n    pass\n"
+BUSY = (  # its niceness set outright, as the ranks' are (os.nice would add to the test process's own)
+    "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
+    "os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[2]))\nwhile True:\n    pass\n"
+)
 """A noisy neighbour: a process that spins on one core for as long as it lives, at a given niceness."""
 NICE = -5
 """The niceness of both ranks and of the neighbour (as root): above the rest of the machine's work (3 times its
