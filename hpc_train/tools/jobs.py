@@ -186,33 +186,42 @@ def nodes_heard(run_dir: RunDir, now: float, shown: int = 5) -> list[str]:
 def straggler_lines(run_dir: RunDir, now: float) -> list[str]:
     """The run's stragglers (``status/stragglers.json``): the ranks named in the latest window, or when the last
     ones were and that they recovered; nothing for a run that never had one."""
-    reports = run_dir.straggler_reports()
+    return _straggler_lines(run_dir.path, run_dir.straggler_reports(), now)
+
+
+def _straggler_lines(path: Path, reports: list[StragglerReport], now: float) -> list[str]:
     named = [r for r in reports if r.ranks]
     if not named:
         return []
     latest = reports[-1]
     when = f"step {latest.step}, {now - latest.time:.0f} s ago"
     if latest.ranks:
-        return [f"{run_dir.path}: {latest.describe()} ({when})"]
+        return [f"{path}: {latest.describe()} ({when})"]
     last = named[-1]
     who = "; ".join(r.describe() for r in last.ranks)
-    return [f"{run_dir.path}: none now ({when}); the last: {who}, until step {last.step}"]
+    return [f"{path}: none now ({when}); the last: {who}, until step {last.step}"]
 
 
 def mirror_line(run_dir: RunDir, now: float) -> str:
     """What the run's mirror holds, as rank 0 last said (``status/mirror.json``); '' for a run without one."""
-    state = run_dir.mirror_state()
+    return _mirror_line(run_dir.path, run_dir.mirror_state(), now)
+
+
+def _mirror_line(path: Path, state: MirrorStatus | None, now: float) -> str:
     if state is None:
         return ""
     holds = f"holds step {state.landed_step} verified" if state.landed else "holds no checkpoint yet"
     took = f"; the copy took {state.seconds:.1f} s" if state.seconds is not None and not state.error else ""
     failed = f"; the latest copy failed: {state.error}" if state.error else took
-    return f"{run_dir.path}: {state.store} {holds} ({now - state.time:.0f} s ago){failed}"
+    return f"{path}: {state.store} {holds} ({now - state.time:.0f} s ago){failed}"
 
 
 def startup_maxima(run_dir: RunDir) -> dict[str, tuple[float, StartupProfile]]:
     """For each start-up phase (and hpc_train's own part, ``own``), its longest time and the rank it was on."""
-    profiles = list(run_dir.startup_profiles().values())
+    return _startup_maxima(list(run_dir.startup_profiles().values()))
+
+
+def _startup_maxima(profiles: list[StartupProfile]) -> dict[str, tuple[float, StartupProfile]]:
     maxima: dict[str, tuple[float, StartupProfile]] = {}
     for phase in [*StartupProfile.PHASES, "own"]:
         timed = [(p.own_s if phase == "own" else p.seconds(phase), p) for p in profiles]
@@ -224,10 +233,13 @@ def startup_maxima(run_dir: RunDir) -> dict[str, tuple[float, StartupProfile]]:
 
 def slowest_startup(run_dir: RunDir) -> str:
     """``interpreter 0.42 (rank 3, node2), ...`` over every rank that reported its start-up ('' before any)."""
-    maxima = startup_maxima(run_dir)
+    profiles = list(run_dir.startup_profiles().values())
+    return _slowest_startup(_startup_maxima(profiles), len(profiles))
+
+
+def _slowest_startup(maxima: dict[str, tuple[float, StartupProfile]], count: int) -> str:
     if not maxima:
         return ""
-    count = len(run_dir.startup_profiles())
     phases = ", ".join(
         f"{'hpc_train own' if phase == 'own' else phase.replace('_', ' ')} {s:.2f} (rank {p.rank}, {p.host})"
         for phase, (s, p) in maxima.items()
@@ -281,6 +293,10 @@ class RunView:
         attempts = state.attempts
         goodput = _goodput(rd, attempts)
         job = rd.job()
+        # Each record read once: the text and the JSON are made from the same reading.
+        reports, mirror = rd.straggler_reports(), rd.mirror_state()
+        profiles = list(rd.startup_profiles().values())
+        startup = _startup_maxima(profiles)
         return cls(
             run_dir=rd.path,
             state=state,
@@ -291,12 +307,12 @@ class RunView:
             failure_tail="" if state.ok else _failure_tail(rd, attempts),
             timeline=summary(rd, goodput),  # the ledger computed once
             heard=tuple(nodes_heard(rd, now)),
-            stragglers=tuple(straggler_lines(rd, now)),
-            straggler_report=next(iter(rd.straggler_reports()[-1:]), None),
-            mirror=rd.mirror_state(),
-            mirror_line=mirror_line(rd, now),
-            startup=startup_maxima(rd),
-            slowest_startup=slowest_startup(rd),
+            stragglers=tuple(_straggler_lines(rd.path, reports, now)),
+            straggler_report=reports[-1] if reports else None,
+            mirror=mirror,
+            mirror_line=_mirror_line(rd.path, mirror, now),
+            startup=startup,
+            slowest_startup=_slowest_startup(startup, len(profiles)),
             node_summary=str(rd.node_summary("<host>").relative_to(rd.path)),
         )
 
