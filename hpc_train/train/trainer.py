@@ -159,15 +159,17 @@ class Trainer:
         when the caller has not."""
         if self._resumed:
             return self.start_step
-        self._resumed = True
         # Control messages (stop flags, random states) go over gloo on the CPU: with NCCL they would make the
         # host wait for the GPU at every step.
-        self.control = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        if self.control is None and dist.get_backend() != "gloo":
+            self.control = dist.new_group(backend="gloo")
         self._resume()
         self.start_step = self.step
         self.metrics = self.run_dir.metrics_writer(enabled=self.env.is_main)  # after _resume, which may trim it
         self.stragglers = self._straggler_watch()
         self.observer.on_phase(STARTING_FIT)
+        # Only now: a resume that raised is tried again by fit, which never trains past a checkpoint it did not load.
+        self._resumed = True
         return self.start_step
 
     def _steps_per_epoch(self, samples: int) -> int:

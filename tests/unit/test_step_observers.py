@@ -183,3 +183,33 @@ class _one_rank:
     def __exit__(self, *exc: object) -> None:
         if self.mine:
             dist.destroy_process_group()
+
+
+def test_a_trainer_is_built_without_touching_the_run_dir_and_never_fits_without_its_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Construction only constructs (no metrics file, no checkpoint folder); a resume that failed is tried again
+    by ``fit``, which so never trains past a checkpoint it did not load."""
+    from hpc_train.train.trainer import Trainer
+
+    from .test_config import composed
+    from .test_process_group import env_with
+
+    cfg = composed("cluster.tasks_per_node=1", "data.num_samples=256", "trainer.max_steps=2", "trainer.plots=false")
+    rd = RunDir(tmp_path)
+    with _one_rank():
+        trainer = Trainer(cfg, env_with(0, 1), torch.device("cpu"), rd)
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+        calls: list[int] = []
+
+        def broken() -> None:
+            calls.append(1)
+            raise OSError("the file system went away")
+
+        monkeypatch.setattr(trainer, "_resume", broken)
+        with pytest.raises(OSError):
+            trainer.resume()
+        with pytest.raises(OSError):
+            trainer.fit()
+        assert len(calls) == 2 and trainer.step == 0 and not rd.metrics.exists()
+        trainer.close()
